@@ -1,0 +1,60 @@
+# Transformer LM from scratch: `make lab` to learn, `make test` to check. `make help` lists every target.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# Python 3.11 where it exists, else whatever python3 is (3.10 or newer).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+# JupyterLab refuses to run as root without --allow-root (containers, CI); a laptop user is not root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+LAB_ARGS  ?=
+NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+
+.PHONY: help setup lab test test-unit test-notebooks export check-export notebooks images clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10+ is needed, found " + sys.version' 
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -e ".[dev]"
+	touch $@
+
+setup: $(STAMP) ## Create .venv and install the package with every dependency
+
+lab: $(STAMP) ## Open JupyterLab on notebook 01 (pass extra flags with LAB_ARGS="...")
+	$(BIN)/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=. $(LAB_ARGS) notebooks/01_linear.ipynb
+
+test: $(STAMP) ## Unit tests, then re-execute every notebook with nbval
+	$(BIN)/python -m pytest tests $(NBVAL_ARGS) $(NOTEBOOKS)
+
+test-unit: $(STAMP) ## Unit tests only (fast)
+	$(BIN)/python -m pytest tests
+
+test-notebooks: $(STAMP) ## Re-execute every notebook with nbval only
+	$(BIN)/python -m pytest $(NBVAL_ARGS) $(NOTEBOOKS)
+
+export: $(STAMP) ## Regenerate src/transformer_from_scratch/<module>.py from every notebook
+	$(BIN)/python -m transformer_from_scratch.export $(if $(FORCE),--force,) $(NOTEBOOKS)
+
+check-export: $(STAMP) ## Fail if src/ differs from what the notebooks export
+	$(BIN)/python -m transformer_from_scratch.export --check $(NOTEBOOKS)
+
+notebooks: $(STAMP) ## Re-execute every notebook in place and store clean outputs (NB=notebooks/03_softmax.ipynb for one)
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace $(or $(NB),$(NOTEBOOKS))
+	$(BIN)/nbstripout --keep-output --keep-count --extra-keys "metadata.language_info.version metadata.widgets" $(or $(NB),$(NOTEBOOKS))
+	$(MAKE) --no-print-directory check-export
+
+images: $(STAMP) ## Redraw the architecture diagrams in images/
+	$(BIN)/python images/make_diagrams.py
+
+clean: ## Remove .venv and caches
+	rm -rf $(VENV) .pytest_cache src/*.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,9 @@
+"""Transformer LM from scratch: the components built in the course notebooks.
+
+Each module is generated from its notebook (``notebooks/01_linear.ipynb`` -> ``linear.py``);
+edit the notebook, not the module. ``export`` and ``interactive`` are the course's own tools.
+"""
+
+from .linear import Linear
+
+__all__ = ["Linear"]

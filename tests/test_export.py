@@ -1,0 +1,187 @@
+"""The notebook -> package export: deterministic, idempotent, checked, and never destroys a hand edit."""
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+from transformer_from_scratch import export
+from transformer_from_scratch.export import ExportError, check_notebook, export_notebook, module_name
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def make_repo(root: Path, cells: list[tuple[str, str]]) -> Path:
+    """A miniature repo: notebooks/01_demo.ipynb with the given cells, and an empty package folder."""
+    (root / "src" / "transformer_from_scratch").mkdir(parents=True)
+    (root / "notebooks").mkdir()
+    nb = nbformat.v4.new_notebook()
+    for i, (kind, source) in enumerate(cells):
+        cell = nbformat.v4.new_markdown_cell(source) if kind == "md" else nbformat.v4.new_code_cell(source)
+        cell["id"] = f"cell-{i}"
+        nb.cells.append(cell)
+    path = root / "notebooks" / "01_demo.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+DEMO = [
+    ("md", "# Demo"),
+    ("code", "scratch = 1  # not exported"),
+    ("code", "#| export\nimport math"),
+    ("code", "print('a cell that only demonstrates')"),
+    ("code", "#| export\ndef double(x):\n    return 2 * x"),
+]
+
+
+@pytest.fixture
+def demo(tmp_path, monkeypatch):
+    monkeypatch.setattr(export, "_ran_cells", {})
+    notebook = make_repo(tmp_path, DEMO)
+    return notebook, tmp_path / "src" / "transformer_from_scratch" / "demo.py"
+
+
+def edit_cell(notebook: Path, index: int, source: str) -> None:
+    nb = json.loads(notebook.read_text())
+    nb["cells"][index]["source"] = source
+    notebook.write_text(json.dumps(nb))
+
+
+def test_module_name_comes_from_the_notebook_name():
+    assert module_name(Path("notebooks/08_multihead_attention.ipynb")) == "multihead_attention"
+    for bad in ["linear.ipynb", "1_linear.ipynb", "01-linear.ipynb", "01_Linear.ipynb"]:
+        with pytest.raises(ExportError, match="two digits"):
+            module_name(Path(bad))
+
+
+def test_export_writes_the_marked_cells_in_order_under_a_header(demo):
+    notebook, module = demo
+    export_notebook(notebook)
+    text = module.read_text()
+    assert text.startswith("# Generated from notebooks/01_demo.ipynb")
+    assert "#| export" not in text and "scratch" not in text and "demonstrates" not in text
+    assert text.index("import math") < text.index("def double")
+    namespace = {}
+    exec(compile(text, str(module), "exec"), namespace)
+    assert namespace["double"](21) == 42
+
+
+def test_export_is_idempotent(demo, capsys):
+    notebook, module = demo
+    export_notebook(notebook)
+    first = module.read_bytes()
+    export_notebook(notebook)
+    assert module.read_bytes() == first
+    assert capsys.readouterr().out.splitlines()[-1] == "src/transformer_from_scratch/demo.py: unchanged from 01_demo.ipynb"
+
+
+def test_export_is_deterministic_across_checkouts(tmp_path, monkeypatch):
+    monkeypatch.setattr(export, "_ran_cells", {})
+    texts = []
+    for name in ("one", "two"):
+        notebook = make_repo(tmp_path / name, DEMO)
+        export_notebook(notebook, quiet=True)
+        texts.append((tmp_path / name / "src" / "transformer_from_scratch" / "demo.py").read_bytes())
+    assert texts[0] == texts[1]
+
+
+def test_check_passes_after_export_and_names_the_module_when_stale(demo):
+    notebook, module = demo
+    with pytest.raises(ExportError, match=r"demo\.py is missing"):
+        check_notebook(notebook)
+    export_notebook(notebook, quiet=True)
+    check_notebook(notebook)
+    edit_cell(notebook, 4, "#| export\ndef double(x):\n    return x + x")
+    with pytest.raises(ExportError, match=r"src/transformer_from_scratch/demo\.py is out of date with 01_demo\.ipynb"):
+        check_notebook(notebook)
+
+
+def test_a_hand_edit_is_never_overwritten(demo):
+    notebook, module = demo
+    export_notebook(notebook, quiet=True)
+    edited = module.read_text().replace("return 2 * x", "return 2 * x  # my fix")
+    module.write_text(edited)
+    edit_cell(notebook, 4, "#| export\ndef double(x):\n    return x + x")
+
+    with pytest.raises(ExportError) as refused:
+        export_notebook(notebook)
+    message = str(refused.value)
+    assert "demo.py was edited by hand" in message
+    assert "To keep your edit" in message and "To discard your edit" in message and "--force" in message
+    assert module.read_text() == edited
+    with pytest.raises(ExportError, match="edited by hand"):
+        check_notebook(notebook)
+
+
+def test_force_replaces_a_hand_edit_and_keeps_a_backup(demo):
+    notebook, module = demo
+    export_notebook(notebook, quiet=True)
+    edited = module.read_text() + "\nEXTRA = 1\n"
+    module.write_text(edited)
+    export_notebook(notebook, force=True, quiet=True)
+    assert "EXTRA" not in module.read_text()
+    assert module.with_name("demo.py.bak").read_text() == edited
+
+
+def test_a_module_without_header_counts_as_hand_written(demo):
+    notebook, module = demo
+    module.write_text("def double(x):\n    return 2 * x\n")
+    with pytest.raises(ExportError, match="edited by hand"):
+        export_notebook(notebook)
+
+
+def test_cells_that_do_not_compile_are_refused(demo):
+    notebook, module = demo
+    export_notebook(notebook, quiet=True)
+    before = module.read_text()
+    edit_cell(notebook, 4, "#| export\ndef double(x)\n    return 2 * x")
+    with pytest.raises(ExportError, match="do not compile"):
+        export_notebook(notebook)
+    assert module.read_text() == before
+
+
+def test_a_notebook_without_export_cells_is_an_error(tmp_path):
+    notebook = make_repo(tmp_path, [("code", "x = 1")])
+    with pytest.raises(ExportError, match="nothing to export"):
+        export_notebook(notebook)
+
+
+def test_cli_check_fails_naming_the_module(demo, capsys):
+    notebook, _ = demo
+    assert export.main([str(notebook)]) == 0
+    edit_cell(notebook, 2, "#| export\nimport math\nimport os")
+    assert export.main(["--check", str(notebook)]) == 1
+    assert "demo.py is out of date" in capsys.readouterr().err
+
+
+def test_what_a_kernel_ran_wins_over_the_saved_notebook(demo):
+    """Run a cell in a real kernel, as JupyterLab does (with its cell id), and export without saving."""
+    notebook, module = demo
+    kernel_manager, client = start_new_kernel(kernel_name="python3", cwd=str(notebook.parent))
+    try:
+
+        def run(code: str, cell_id: str | None = None) -> None:
+            content = {"code": code, "silent": False, "store_history": True, "user_expressions": {},
+                       "allow_stdin": False, "stop_on_error": True}
+            message = client.session.msg("execute_request", content, metadata={"cellId": cell_id} if cell_id else {})
+            client.shell_channel.send(message)
+            reply = client.get_shell_msg(timeout=60)
+            assert reply["content"]["status"] == "ok", reply["content"]
+
+        run("%load_ext transformer_from_scratch.export")
+        run("#| export\ndef double(x):\n    return x * 2  # edited, run, not saved", cell_id="cell-4")
+        run("from transformer_from_scratch.export import export_notebook\nexport_notebook('01_demo.ipynb')")
+    finally:
+        client.stop_channels()
+        kernel_manager.shutdown_kernel(now=True)
+    assert "return x * 2  # edited, run, not saved" in module.read_text()
+    assert "return 2 * x" not in module.read_text()
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_package_matches_the_notebooks(notebook):
+    """`make test` fails, naming the module, when src/ differs from what the notebooks export."""
+    check_notebook(notebook)
