@@ -169,6 +169,8 @@ def test_what_a_kernel_ran_wins_over_the_saved_notebook(demo):
             message = client.session.msg("execute_request", content, metadata={"cellId": cell_id} if cell_id else {})
             client.shell_channel.send(message)
             reply = client.get_shell_msg(timeout=60)
+            while reply["parent_header"].get("msg_id") != message["header"]["msg_id"]:
+                reply = client.get_shell_msg(timeout=60)  # skip stale replies (e.g. start-up kernel_info)
             assert reply["content"]["status"] == "ok", reply["content"]
 
         run("%load_ext transformer_from_scratch.export")
