@@ -5,5 +5,8 @@ edit the notebook, not the module. ``export`` and ``interactive`` are the course
 """
 
 from .linear import Linear
+from .embedding import Embedding
+from .softmax import softmax
+from .rmsnorm import RMSNorm
 
-__all__ = ["Linear"]
+__all__ = ["Linear", "Embedding", "softmax", "RMSNorm"]

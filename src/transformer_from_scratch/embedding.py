@@ -1,0 +1,73 @@
+# Generated from notebooks/02_embedding.ipynb by `make export`: edit the notebook, not this file.
+# A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
+# body-sha256: b3cdbe116ebcfbfb9d9460415b1e2ae9904e49bd8f8ef5d2ec9d07f62456a812
+
+import torch
+from beartype import beartype
+from jaxtyping import Float, Shaped, jaxtyped
+from torch import Tensor, nn
+
+# Every integer dtype can hold token ids. bool is not among them: a bool tensor in square brackets is a mask.
+INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                  torch.uint16, torch.uint32, torch.uint64)
+
+
+def _checked_ids(token_ids: Tensor, num_embeddings: int) -> Tensor:
+    """token_ids as int64, after checking that they are integers in [0, num_embeddings)."""
+    if token_ids.dtype not in INTEGER_DTYPES:
+        hint = "; a bool tensor would act as a mask, not as ids" if token_ids.dtype == torch.bool else ""
+        raise TypeError(
+            f"Embedding expects integer token ids (e.g. torch.long), got a tensor of dtype {token_ids.dtype}{hint}"
+        )
+    ids = token_ids.long()  # int64 holds every id, and int64 in square brackets always means "ids"
+    if ids.numel() > 0:
+        low, high = torch.stack(torch.aminmax(ids)).tolist()  # one read-back from the device
+        if low < 0 or high >= num_embeddings:
+            n_bad = int(((ids < 0) | (ids >= num_embeddings)).sum())
+            raise ValueError(
+                f"token ids must be in [0, {num_embeddings - 1}] (num_embeddings={num_embeddings}), "
+                f"got ids from {low} to {high}: {n_bad} of {ids.numel()} out of range"
+            )
+    return ids
+
+
+class Embedding(nn.Module):
+    """A learned lookup table: token ids of any shape (...) -> vectors of shape (..., embedding_dim).
+
+    Equivalent to multiplying one-hot rows by the table, computed as a gather (no FLOPs). The weight
+    has shape (num_embeddings, embedding_dim), like torch.nn.Embedding, and starts as N(0, 1)
+    truncated at [-3, 3].
+
+    Args:
+        num_embeddings: vocabulary size V; valid token ids are 0 ... V - 1.
+        embedding_dim: size d_model of each vector.
+        device: where to create the weight (default: torch's default device).
+        dtype: the weight's dtype (default: torch's default dtype).
+
+    Raises (in forward):
+        TypeError: the ids are not an integer tensor (float, bool, or not a tensor at all).
+        ValueError: an id is negative or >= num_embeddings.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=None) -> None:
+        super().__init__()
+        if num_embeddings < 1 or embedding_dim < 1:
+            raise ValueError(
+                f"Embedding needs positive sizes, got num_embeddings={num_embeddings}, embedding_dim={embedding_dim}"
+            )
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.trunc_normal_(self.weight, mean=0.0, std=1.0, a=-3.0, b=3.0)
+
+    @jaxtyped(typechecker=beartype)
+    def forward(self, token_ids: Shaped[Tensor, "*batch"]) -> Float[Tensor, "*batch d_model"]:
+        ids = _checked_ids(token_ids, self.num_embeddings)
+        rows = self.weight[ids.reshape(-1)]  # gather one row per token: (N, d_model), always a copy
+        return rows.reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}"
