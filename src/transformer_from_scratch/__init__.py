@@ -8,5 +8,6 @@ from .linear import Linear
 from .embedding import Embedding
 from .softmax import softmax
 from .rmsnorm import RMSNorm
+from .attention import scaled_dot_product_attention
 
-__all__ = ["Linear", "Embedding", "softmax", "RMSNorm"]
+__all__ = ["Linear", "Embedding", "softmax", "RMSNorm", "scaled_dot_product_attention"]
