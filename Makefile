@@ -50,6 +50,7 @@ check-export: $(STAMP) ## Fail if src/ differs from what the notebooks export
 notebooks: $(STAMP) ## Re-execute every notebook in place and store clean outputs (NB=notebooks/03_softmax.ipynb for one)
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace $(or $(NB),$(NOTEBOOKS))
 	$(BIN)/nbstripout --keep-output --keep-count --extra-keys "metadata.language_info.version metadata.widgets" $(or $(NB),$(NOTEBOOKS))
+	$(BIN)/python -m transformer_from_scratch.tidy $(or $(NB),$(NOTEBOOKS))
 	$(MAKE) --no-print-directory check-export
 
 images: $(STAMP) ## Redraw the architecture diagrams in images/

@@ -17,7 +17,7 @@ def shown(monkeypatch):
         def update(self, obj):
             events.append(("update", obj))
 
-    def fake_display(obj, display_id=False):
+    def fake_display(obj, display_id=False, raw=False):
         events.append(("display", obj))
         return Handle() if display_id else None
 
@@ -38,7 +38,9 @@ def test_default_is_drawn_then_redrawn_when_a_control_moves(shown):
 
     assert calls == [(1.0, 8)]
     assert [kind for kind, _ in shown] == ["display", "display"]
-    assert isinstance(shown[0][1], widgets.HBox) and list(shown[0][1].children) == [scale, width]
+    controls = shown[0][1]  # a raw mime bundle: the HBox's widget view, and a readable text fallback
+    assert controls["text/plain"] == "[controls: scale, width; run the notebook to move them]"
+    assert controls["application/vnd.jupyter.widget-view+json"]["model_id"]
     assert isinstance(shown[1][1], Figure)
     assert scale.continuous_update is False  # redraw on release, not on every pixel of a drag
 

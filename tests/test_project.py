@@ -103,6 +103,8 @@ def test_notebook_is_saved_clean(notebook):
             assert output["output_type"] != "error", f"cell {cell['id']} stored an error"
             assert output.get("name") != "stderr", f"cell {cell['id']} wrote to stderr (a warning?)"
             assert output.get("execution_count", cell["execution_count"]) == cell["execution_count"]
+            view = output.get("data", {}).get("application/vnd.jupyter.widget-view+json")
+            assert view is None or view["model_id"] == "", "a stale widget id: run `make notebooks NB=...`"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)

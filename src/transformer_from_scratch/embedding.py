@@ -1,6 +1,6 @@
 # Generated from notebooks/02_embedding.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: b3cdbe116ebcfbfb9d9460415b1e2ae9904e49bd8f8ef5d2ec9d07f62456a812
+# body-sha256: 1df0bf90c688c602e02ab6cd6b85cb907b1f014b146a595f4e3f7c07dff6391a
 
 import torch
 from beartype import beartype
@@ -46,7 +46,9 @@ class Embedding(nn.Module):
 
     Raises (in forward):
         TypeError: the ids are not an integer tensor (float, bool, or not a tensor at all).
-        ValueError: an id is negative or >= num_embeddings.
+        ValueError: an id is negative or >= num_embeddings. Checking reads the ids' min and max back
+            from the device, one synchronisation per call: the price of a clear error instead of
+            PyTorch's asynchronous CUDA device-side assert.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=None) -> None:

@@ -3,7 +3,8 @@
 Why not ``ipywidgets.interact``? ``interact`` draws into an Output widget, so a notebook
 executed without a browser (nbval in CI, nbconvert, a notebook rendered on the web) stores
 no figure at all. ``interactive_figure`` displays the default figure as an ordinary cell
-output and, when a control moves in JupyterLab, replaces that output in place.
+output and, when a control moves in JupyterLab, replaces that output in place. Where no
+kernel runs (a notebook viewed on the web), the controls show as a one-line text instead.
 """
 
 from __future__ import annotations
@@ -38,7 +39,11 @@ def interactive_figure(draw: Callable[..., Figure], **controls: widgets.ValueWid
         plt.close(figure)  # the inline backend must not show it a second time
         return figure
 
-    display(widgets.HBox(list(controls.values())))
+    box = widgets.HBox(list(controls.values()))
+    bundle = box._repr_mimebundle_()  # the live widget, plus a text fallback for viewers without a kernel
+    labels = [getattr(control, "description", "") or name for name, control in controls.items()]
+    bundle["text/plain"] = f"[controls: {', '.join(labels)}; run the notebook to move them]"
+    display(bundle, raw=True)
     handle = display(current_figure(), display_id=True)
 
     def redraw(_change) -> None:
