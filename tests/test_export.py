@@ -7,8 +7,8 @@ import nbformat
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from transformer_from_scratch import export
-from transformer_from_scratch.export import ExportError, check_notebook, export_notebook, module_name
+from transformer_from_scratch.nbtools import export
+from transformer_from_scratch.nbtools.export import ExportError, check_notebook, export_notebook, module_name
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -67,6 +67,30 @@ def test_export_writes_the_marked_cells_in_order_under_a_header(demo):
     namespace = {}
     exec(compile(text, str(module), "exec"), namespace)
     assert namespace["double"](21) == 42
+
+
+def test_solution_markers_stay_in_the_notebook_not_in_the_module(tmp_path, monkeypatch):
+    monkeypatch.setattr(export, "_ran_cells", {})
+    body = "#| export\ndef double(x):\n    \"\"\"Twice x.\"\"\"\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION"
+    notebook = make_repo(tmp_path, [("code", body)])
+    export_notebook(notebook, quiet=True)
+    text = (tmp_path / "src" / "transformer_from_scratch" / "demo.py").read_text()
+    assert "SOLUTION" not in text
+    assert '    """Twice x."""\n    return 2 * x\n' in text
+
+
+def test_a_student_notebook_writes_to_the_learners_package(tmp_path, monkeypatch):
+    """Beside a my_transformer/ package (the student edition), the export never goes to src/."""
+    monkeypatch.setattr(export, "_ran_cells", {})
+    notebook = make_repo(tmp_path, DEMO)
+    student = notebook.parent / "student"
+    (student / "my_transformer").mkdir(parents=True)
+    (student / "my_transformer" / "__init__.py").write_text("")
+    (student / notebook.name).write_bytes(notebook.read_bytes())
+    export_notebook(student / notebook.name, quiet=True)
+    assert not (tmp_path / "src" / "transformer_from_scratch" / "demo.py").exists()
+    text = (student / "my_transformer" / "demo.py").read_text()
+    assert text.startswith("# Written from your 01_demo.ipynb") and "def double" in text
 
 
 def test_export_is_idempotent(demo, capsys):
@@ -173,9 +197,9 @@ def test_what_a_kernel_ran_wins_over_the_saved_notebook(demo):
                 reply = client.get_shell_msg(timeout=60)  # skip stale replies (e.g. start-up kernel_info)
             assert reply["content"]["status"] == "ok", reply["content"]
 
-        run("%load_ext transformer_from_scratch.export")
+        run("%load_ext transformer_from_scratch.nbtools.export")
         run("#| export\ndef double(x):\n    return x * 2  # edited, run, not saved", cell_id="cell-4")
-        run("from transformer_from_scratch.export import export_notebook\nexport_notebook('01_demo.ipynb')")
+        run("from transformer_from_scratch.nbtools.export import export_notebook\nexport_notebook('01_demo.ipynb')")
     finally:
         client.stop_channels()
         kernel_manager.shutdown_kernel(now=True)

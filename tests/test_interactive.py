@@ -5,7 +5,7 @@ import ipywidgets as widgets
 import pytest
 from matplotlib.figure import Figure
 
-from transformer_from_scratch import interactive
+from transformer_from_scratch.nbtools import interactive
 
 
 @pytest.fixture

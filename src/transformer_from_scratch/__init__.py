@@ -1,7 +1,9 @@
-"""Transformer LM from scratch: the components built in the course notebooks.
+"""Transformer LM from scratch: the components built in the course notebooks, and their checks.
 
-Each module is generated from its notebook (``notebooks/01_linear.ipynb`` -> ``linear.py``);
-edit the notebook, not the module. ``export`` and ``interactive`` are the course's own tools.
+Each component module is generated from its notebook (``notebooks/01_linear.ipynb`` -> ``linear.py``);
+edit the notebook, not the module. ``checks`` tells a learner precisely what is wrong with their own
+version of a component (``from transformer_from_scratch.checks import check_linear``). ``nbtools`` is
+the tooling that authors and runs the notebooks (export, student edition, figures), not the model.
 """
 
 from .linear import Linear

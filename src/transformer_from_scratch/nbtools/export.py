@@ -8,11 +8,11 @@ and is never silently overwritten.
 
 Three ways in:
 
-* In a notebook: ``%load_ext transformer_from_scratch.export`` in the setup cell, then
+* In a notebook: ``%load_ext transformer_from_scratch.nbtools.export`` in the setup cell, then
   ``export_notebook("01_linear.ipynb")`` after the final class. The extension remembers the
   source of every cell that ran successfully in this kernel, so the export writes what you
   *ran*, even if you have not saved the notebook yet.
-* ``make export`` (``python -m transformer_from_scratch.export``): every notebook, from disk.
+* ``make export`` (``python -m transformer_from_scratch.nbtools.export``): every notebook, from disk.
 * ``make check-export`` (``--check``), and the unit tests: fail, naming the module, when
   ``src/`` differs from what the notebooks export.
 """
@@ -20,7 +20,9 @@ Three ways in:
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
+import importlib
 import json
 import re
 import sys
@@ -28,6 +30,10 @@ from pathlib import Path
 
 MARKER = "#| export"
 PACKAGE = "transformer_from_scratch"
+# The learner's own package in the student edition: notebooks/student/my_transformer/ (see nbtools.student).
+STUDENT_PACKAGE = "my_transformer"
+# nbgrader's solution markers: `make student` blanks what lies between them; the module leaves the lines out.
+_SOLUTION_MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.MULTILINE)
 _NOTEBOOK_NAME = re.compile(r"^\d\d_(?P<module>[a-z][a-z0-9_]*)\.ipynb$")
 _HASH_LINE = re.compile(r"^# body-sha256: (?P<digest>[0-9a-f]{64})$", re.MULTILINE)
 
@@ -48,8 +54,16 @@ def module_name(notebook: Path) -> str:
 
 
 def module_path(notebook: Path) -> Path:
-    """Where a notebook's module lives: ``<repo>/src/transformer_from_scratch/<module>.py``."""
+    """Where a notebook's module lives: ``<repo>/src/transformer_from_scratch/<module>.py``.
+
+    A student-edition notebook (one with a ``my_transformer/`` package beside it) writes to the
+    learner's own package instead, ``<its folder>/my_transformer/<module>.py``: the reference package
+    in ``src/`` is never touched from there.
+    """
     notebook = Path(notebook).resolve()
+    student_package = notebook.parent / STUDENT_PACKAGE
+    if (student_package / "__init__.py").is_file():
+        return student_package / f"{module_name(notebook)}.py"
     package_dir = notebook.parent.parent / "src" / PACKAGE
     if not package_dir.is_dir():
         raise ExportError(f"{notebook}: expected the package at {package_dir} (notebooks/ and src/ side by side)")
@@ -77,7 +91,7 @@ def export_cells(notebook: Path, ran: dict[str, str] | None = None) -> list[str]
             source = ran[cell["id"]]
         if _is_export_cell(source):
             body = source.lstrip().split("\n", 1)[1] if "\n" in source.lstrip() else ""
-            sources.append(body.strip("\n"))
+            sources.append(_SOLUTION_MARKER.sub("", body).strip("\n"))
     if not sources:
         raise ExportError(f"{Path(notebook).name}: no code cell starts with '{MARKER}', so there is nothing to export")
     return sources
@@ -88,8 +102,12 @@ def render(notebook: Path, sources: list[str]) -> str:
     body = "\n\n\n".join(s.rstrip() for s in sources) + "\n"
     body = "\n".join(line.rstrip() for line in body.split("\n"))
     digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
+    if (Path(notebook).resolve().parent / STUDENT_PACKAGE / "__init__.py").is_file():
+        first = f"# Written from your {Path(notebook).name} by its export cell: edit the notebook, not this file.\n"
+    else:
+        first = f"# Generated from notebooks/{Path(notebook).name} by `make export`: edit the notebook, not this file.\n"
     header = (
-        f"# Generated from notebooks/{Path(notebook).name} by `make export`: edit the notebook, not this file.\n"
+        first +
         "# A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).\n"
         f"# body-sha256: {digest}\n"
     )
@@ -108,15 +126,24 @@ def _relative(path: Path) -> str:
     return str(Path(*path.parts[-3:]))
 
 
-def export_notebook(notebook: str | Path, *, force: bool = False, quiet: bool = False) -> None:
+def export_notebook(notebook: str | Path, *, force: bool = False, quiet: bool = False, reference: bool = False) -> None:
     """Write ``notebook``'s export cells to its module and say whether it changed.
 
     Refuses (``ExportError``) when the module was edited by hand since the last export,
     unless ``force`` is true; then the hand-edited file is kept as ``<module>.py.bak``.
+
+    ``reference=True`` is for a learner who is stuck (student edition only): their module then
+    re-exports the course's reference implementation, so the later notebooks run on it, and the
+    reference's names replace theirs in this notebook too. Their code in the notebook is left as
+    it is; exporting again without ``reference`` puts their own version back.
     """
     notebook = Path(notebook)
     target = module_path(notebook)
-    text = render(notebook, export_cells(notebook, _ran_cells))
+    if reference:
+        names, source = _reference_module(notebook, target)
+        text = render(notebook, [source])
+    else:
+        text = render(notebook, export_cells(notebook, _ran_cells))
     try:  # a module that does not compile would break `import transformer_from_scratch` everywhere
         compile(text, str(target), "exec")
     except SyntaxError as error:
@@ -136,9 +163,43 @@ def export_notebook(notebook: str | Path, *, force: bool = False, quiet: bool = 
             print(f"{_relative(target)} had a hand edit: kept it as {backup.name}")
     if status == "written":
         target.write_text(text, encoding="utf-8")
-    if not quiet:
+    if reference:
+        _use_reference_here(target.stem, names)
+        if not quiet:
+            print(f"{_relative(target)}: the reference {', '.join(names)} from now on, here and in the later "
+                  f"notebooks (export_notebook(\"{notebook.name}\") puts yours back)")
+    elif not quiet:
         print(f"{_relative(target)}: {status} from {notebook.name}")
         _warn_about_unsaved_cells(notebook)
+
+
+def _reference_module(notebook: Path, target: Path) -> tuple[list[str], str]:
+    """The public names of the reference module for ``notebook``, and a module body that re-exports them."""
+    if target.parent.name != STUDENT_PACKAGE:
+        raise ExportError(f"{notebook.name}: reference=True is for the student edition; this notebook *is* the reference")
+    module = module_name(notebook)
+    reference = Path(__file__).resolve().parents[1] / f"{module}.py"
+    tree = ast.parse(reference.read_text(encoding="utf-8"))
+    names = [node.name for node in tree.body
+             if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and not node.name.startswith("_")]
+    source = (
+        f'# The course\'s reference, chosen with export_notebook("{notebook.name}", reference=True).\n'
+        f'# To use your own version again, run export_notebook("{notebook.name}") in {notebook.name}.\n'
+        f"from {PACKAGE}.{module} import {', '.join(names)}  # noqa: F401"
+    )
+    return names, source
+
+
+def _use_reference_here(module: str, names: list[str]) -> None:
+    """Bind the reference's names in the running notebook, so the rest of it runs on them."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is always there with Jupyter
+        return
+    shell = get_ipython()
+    if shell is not None:
+        reference = importlib.import_module(f"{PACKAGE}.{module}")
+        shell.user_ns.update({name: getattr(reference, name) for name in names})
 
 
 def check_notebook(notebook: str | Path) -> None:
@@ -192,7 +253,7 @@ def _remember_cell(result) -> None:
 
 
 def load_ipython_extension(ipython) -> None:
-    """``%load_ext transformer_from_scratch.export``: remember what each cell ran, for export_notebook."""
+    """``%load_ext transformer_from_scratch.nbtools.export``: remember what each cell ran, for export_notebook."""
     ipython.events.register("post_run_cell", _remember_cell)
 
 
@@ -201,7 +262,7 @@ def unload_ipython_extension(ipython) -> None:
 
 
 def _default_notebooks() -> list[Path]:
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     return sorted((repo / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 

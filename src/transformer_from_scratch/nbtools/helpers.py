@@ -1,0 +1,43 @@
+"""Small helpers the notebooks share, so every notebook shows the same thing the same way."""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+
+@contextmanager
+def expect_error(*error_types: type[BaseException], lines: int = 1) -> Iterator[None]:
+    """Run the block, which must raise one of ``error_types``, and print ``Type: message``.
+
+    This is the one way a notebook shows a caught error: a traceback would be stored in the notebook
+    (and differ between machines), and a bare ``try``/``except`` would silently pass if the error
+    were never raised. Only the first ``lines`` lines of the message are printed (jaxtyping's reports
+    are long), joined by `` | ``.
+
+    Example::
+
+        with expect_error(ValueError):
+            Linear(4, 3)(torch.randn(2, 5))
+    """
+    if not error_types:
+        raise ValueError("expect_error needs the error type(s) the block must raise, e.g. expect_error(ValueError)")
+    try:
+        yield
+    except error_types as error:
+        text = [line.strip() for line in str(error).splitlines() if line.strip()]
+        print(f"{type(error).__name__}: {' | '.join(text[:lines])}")
+    else:
+        names = " or ".join(t.__name__ for t in error_types)
+        raise AssertionError(f"expected the block to raise {names}, but it raised nothing")
+
+
+def entropy_bits(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Shannon entropy of the distributions along ``dim``, in bits (0 · log 0 counts as 0).
+
+    Returns a tensor with ``dim`` removed: a 0-d tensor for one distribution (``float()`` it to print).
+    """
+    return -torch.special.xlogy(p, p).sum(dim=dim) / math.log(2)
