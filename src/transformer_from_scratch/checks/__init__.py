@@ -1,0 +1,28 @@
+"""Checks that tell a learner precisely what is wrong with the component they wrote.
+
+One function per component, ``check_<component>(impl)``: ``impl`` is the learner's class (constructed with
+the signature the course fixes, see ``SPEC``) or function.
+
+* Right: it returns ``None`` and prints one line saying what was checked.
+* Wrong: it raises ``AssertionError`` whose first line names the most likely mistake and how to fix it;
+  the lines after it give the evidence. Each check's docstring lists the mistakes it recognises by name.
+
+Each runs in about a second on a CPU, on inputs drawn from a fixed seed. In a notebook::
+
+    from transformer_from_scratch.checks import check_linear
+    check_linear(Linear)
+"""
+
+from .attention import check_scaled_dot_product_attention
+from .embedding import check_embedding
+from .linear import check_linear
+from .rmsnorm import check_rmsnorm
+from .softmax import check_softmax
+
+__all__ = [
+    "check_linear",
+    "check_embedding",
+    "check_softmax",
+    "check_rmsnorm",
+    "check_scaled_dot_product_attention",
+]

@@ -1,0 +1,129 @@
+"""What every learner check shares: calling the learner's code safely, failing with a diagnosis, passing
+with one line.
+
+The contract (see ``checks/__init__.py``): a check returns ``None`` and prints one line when the learner's
+component is right; when it is wrong it raises ``AssertionError`` whose *first line* names the most likely
+mistake and how to fix it. Later lines may add evidence (expected and actual numbers).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, NoReturn, Sequence
+
+import torch
+from torch import nn
+
+STUB_FIX = "replace `raise NotImplementedError()` under '# YOUR CODE HERE' with your code, run the cell, then the check"
+
+
+def fail(mistake: str, fix: str, evidence: str = "") -> NoReturn:
+    """Raise the check's verdict: first line "<mistake>: <fix>", then the evidence, if any."""
+    message = f"{mistake.rstrip('.')}: {fix.rstrip('.')}."
+    raise AssertionError(message + (f"\n{evidence}" if evidence else ""))
+
+
+def call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, turning a stub or a crash into a verdict that names ``what`` was called.
+
+    A ``NotImplementedError`` means the learner has not written that part yet. Any other exception is
+    reported with its type and first line; the original is chained, so its traceback stays visible.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        fail(f"{what} is not written yet (it raises NotImplementedError)", STUB_FIX)
+    except AssertionError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any crash of the learner's code becomes a verdict
+        first = (str(error).strip().splitlines() or [""])[0]
+        raise AssertionError(
+            f"{what} raised {type(error).__name__} ({first}): read the error below and fix that line first."
+        ) from error
+
+
+def passed(message: str) -> None:
+    """The one line a check prints when everything it checked is right."""
+    print(f"✓ {message}")
+
+
+def generator(seed: int = 0) -> torch.Generator:
+    """A CPU generator: checks draw their inputs on the CPU so they are the same on every machine."""
+    return torch.Generator().manual_seed(seed)
+
+
+# torch.testing.assert_close's default tolerances (rtol, atol) per dtype. (assert_close itself would cost a
+# one-off import of about a second in a fresh kernel, longer than a whole check.)
+_TOLERANCES = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
+               torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7)}
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, *, rtol: float | None = None, atol: float | None = None) -> bool:
+    """True when the two tensors have the same shape and agree to the expected dtype's usual tolerance
+    (that of ``torch.testing.assert_close``; NaN equals NaN)."""
+    if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape:
+        return False
+    default_rtol, default_atol = _TOLERANCES.get(expected.dtype, (0.0, 0.0))
+    actual = actual.detach().to(device="cpu", dtype=expected.dtype)
+    return bool(torch.isclose(actual, expected.detach().cpu(), rtol=default_rtol if rtol is None else rtol,
+                              atol=default_atol if atol is None else atol, equal_nan=True).all())
+
+
+def describe(t: Any) -> str:
+    """A short description of what the learner returned: type, shape, dtype."""
+    if isinstance(t, torch.Tensor):
+        return f"a {t.dtype} tensor of shape {tuple(t.shape)}"
+    return f"a {type(t).__name__}"
+
+
+def check_signature(impl: Callable[..., Any], expected: Sequence[str], name: str) -> None:
+    """The first parameters of ``impl`` (a class's ``__init__`` or a function) are exactly ``expected``."""
+    target = impl.__init__ if inspect.isclass(impl) else impl
+    params = [p for p in inspect.signature(target).parameters if p != "self"]
+    if params[: len(expected)] != list(expected):
+        fail(f"{name}'s signature is ({', '.join(params)}), not the one the course and its checkpoints use",
+             f"write it as ({', '.join(expected)})")
+
+
+def check_parameters(module: nn.Module, expected: dict[str, tuple[int, ...]], name: str) -> None:
+    """``module`` has exactly the parameters ``expected`` (name -> shape), and no persistent buffers.
+
+    A parameter called ``bias`` (or ending in ``.bias``) gets its own verdict: the recipe has no biases.
+    """
+    found = {key: tuple(p.shape) for key, p in module.named_parameters()}
+    biases = [key for key in found if key == "bias" or key.endswith(".bias")]
+    if biases:
+        fail(f"{name} has a bias ({', '.join(biases)}), but the Llama recipe has no biases anywhere",
+             "remove it: y = W x, nothing added")
+    missing = sorted(set(expected) - set(found))
+    extra = sorted(set(found) - set(expected))
+    if missing or extra:
+        fail(f"{name}'s parameters are named {sorted(found)}, expected exactly {sorted(expected)}",
+             "use these names (checkpoints load by name) and register nothing else as an nn.Parameter",
+             f"missing: {missing}, unexpected: {extra}")
+    for key, shape in expected.items():
+        if found[key] != shape:
+            fail(f"{name}.{key} has shape {found[key]}, expected {shape}",
+                 "PyTorch stores a weight that maps d_in -> d_out as (d_out, d_in)" if len(shape) == 2
+                 else "give it the shape the signature describes")
+    buffers = [key for key in module.state_dict() if key not in found]
+    if buffers:
+        fail(f"{name} saves extra entries in its state dict: {buffers}",
+             "register constant tables with register_buffer(..., persistent=False)")
+
+
+def check_device_and_dtype(make: Callable[..., nn.Module], name: str) -> None:
+    """``make(device=..., dtype=...)`` creates every parameter there.
+
+    Uses the ``meta`` device (shapes without memory), so it works on a machine without a GPU.
+    """
+    module = call(f"{name}(..., dtype=torch.float64)", make, dtype=torch.float64)
+    wrong = [key for key, p in module.named_parameters() if p.dtype != torch.float64]
+    if wrong:
+        fail(f"{name} ignores its dtype argument ({wrong[0]} is {dict(module.named_parameters())[wrong[0]].dtype})",
+             "pass dtype=dtype to torch.empty / torch.ones when you create each parameter")
+    module = call(f"{name}(..., device='meta')", make, device="meta")
+    wrong = [key for key, p in module.named_parameters() if p.device.type != "meta"]
+    if wrong:
+        fail(f"{name} ignores its device argument ({wrong[0]} was created on {dict(module.named_parameters())[wrong[0]].device})",
+             "pass device=device to torch.empty / torch.ones when you create each parameter")
