@@ -1,44 +1,88 @@
-"""Tidy executed notebooks before they are committed: ``python -m transformer_from_scratch.tidy NB...``.
+"""Keep saved notebooks clean: ``python -m transformer_from_scratch.nbtools.tidy NB...`` and JupyterLab's saves.
 
-`make notebooks` runs it after nbstripout. A saved output that shows a widget refers to the widget's
-model by a random id, which changes on every run (noise in every diff) and does not exist when the
-notebook is opened again, so JupyterLab would show "Error displaying widget: model not found" above
-the figure. An empty model id makes JupyterLab hide that output instead; viewers without a kernel
-show the output's text fallback. Running the cell displays the live controls as usual.
+One function, `clean`, decides what a stored notebook must not hold; two callers apply it:
 
-It also merges consecutive printed (stream) outputs, which the kernel splits wherever it happened to
-flush, so that re-running an unchanged notebook changes nothing.
+* `tidy` (the command line), which `make notebooks` runs after nbstripout;
+* `pre_save_hook`, which `make lab` installs in Jupyter's server (``jupyter_lab_config.py`` beside this
+  module), so that saving from JupyterLab (by hand or autosave) writes the same bytes as the repo holds.
+
+What `clean` removes is what a session adds without anyone changing the notebook:
+
+* ``metadata.language_info.version``, the Python version of whoever ran the kernel last;
+* ``metadata.widgets``, the live widgets' state, which ipywidgets stores on save;
+* the model id in each saved widget view: it is random on every run and no such model exists when
+  the notebook is opened again, so JupyterLab would show "Error displaying widget: model not found"
+  above the figure. An empty model id makes JupyterLab hide that output instead; viewers without a
+  kernel show the output's text fallback. Running the cell displays the live controls as usual;
+* the split between consecutive printed (stream) outputs, which the kernel makes wherever it happened
+  to flush: they are merged, so that re-running an unchanged notebook changes nothing.
+
+Nothing else moves: cells, sources, outputs and execution counts stay as they are, so a learner's real
+change is saved. Files are written exactly as Jupyter's server writes them (``nbformat.writes``: sorted
+keys, one-space indent, UTF-8 kept, a final newline), so `tidy` and a save from JupyterLab agree byte for byte.
 """
 
-import json
 import sys
 from pathlib import Path
+from typing import Any
+
+import nbformat
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
-def tidy(path: Path) -> bool:
-    """Blank widget model ids and merge split stream outputs in ``path``; return whether it changed."""
-    text = path.read_text(encoding="utf-8")
-    notebook = json.loads(text)
-    for cell in notebook["cells"]:
-        outputs = []
-        for output in cell.get("outputs", []):
+def _text(text: str | list[str]) -> str:
+    """A stream's text, stored as one string (in memory, in a browser's save) or as lines (on disk)."""
+    return text if isinstance(text, str) else "".join(text)
+
+
+def clean(notebook: dict[str, Any]) -> dict[str, Any]:
+    """Remove what a session adds to ``notebook`` (a notebook dict, changed in place) and return it."""
+    metadata = notebook.get("metadata", {})
+    if isinstance(metadata.get("language_info"), dict):
+        metadata["language_info"].pop("version", None)
+    metadata.pop("widgets", None)
+    for cell in notebook.get("cells", []):
+        if not isinstance(cell.get("outputs"), list):
+            continue
+        outputs: list[dict[str, Any]] = []
+        for output in cell["outputs"]:
             view = output.get("data", {}).get(WIDGET_VIEW)
-            if view is not None:
+            if isinstance(view, dict) and "model_id" in view:
                 view["model_id"] = ""
             previous = outputs[-1] if outputs else {}
-            if output["output_type"] == "stream" and previous.get("output_type") == "stream" \
-                    and previous["name"] == output["name"]:
-                previous["text"] = "".join(previous["text"] + output["text"]).splitlines(keepends=True)
+            if output.get("output_type") == "stream" and previous.get("output_type") == "stream" \
+                    and previous.get("name") == output.get("name"):
+                previous["text"] = _text(previous["text"]) + _text(output["text"])
             else:
                 outputs.append(output)
-        if "outputs" in cell:
-            cell["outputs"] = outputs
-    tidied = json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
+        cell["outputs"] = outputs
+    return notebook
+
+
+def dumps(notebook: dict[str, Any]) -> str:
+    """``notebook`` as the text Jupyter's server writes for it (what ``nbformat.write`` puts in a file)."""
+    text = nbformat.writes(nbformat.from_dict(notebook), version=nbformat.NO_CONVERT)
+    return text if text.endswith("\n") else text + "\n"
+
+
+def tidy(path: Path) -> bool:
+    """Clean the notebook at ``path`` in place (see `clean`); return whether the file changed."""
+    text = path.read_text(encoding="utf-8")
+    tidied = dumps(clean(nbformat.reads(text, as_version=nbformat.NO_CONVERT)))
     if tidied != text:
         path.write_text(tidied, encoding="utf-8")
     return tidied != text
+
+
+def pre_save_hook(model: dict[str, Any], path: str = "", contents_manager: Any = None, **kwargs: Any) -> None:
+    """Jupyter server's ``ContentsManager.pre_save_hook``: `clean` every notebook before it is written.
+
+    Jupyter calls it as ``hook(model=model, path=path, contents_manager=manager)`` with the model the
+    browser sent (``model["content"]`` is the notebook as a dict); other files pass untouched.
+    """
+    if model.get("type") == "notebook" and isinstance(model.get("content"), dict):
+        clean(model["content"])
 
 
 if __name__ == "__main__":
