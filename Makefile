@@ -15,7 +15,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_ARGS  ?=
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help setup lab test test-unit test-notebooks export check-export notebooks images clean
+.PHONY: help setup lab student test test-unit test-notebooks export check-export notebooks images clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -30,7 +30,10 @@ $(STAMP): pyproject.toml
 setup: $(STAMP) ## Create .venv and install the package with every dependency
 
 lab: $(STAMP) ## Open JupyterLab on notebook 01 (pass extra flags with LAB_ARGS="...")
-	$(BIN)/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=. $(LAB_ARGS) notebooks/01_linear.ipynb
+	$(BIN)/jupyter lab $(ROOT_FLAG) --config=src/transformer_from_scratch/nbtools/jupyter_lab_config.py --ServerApp.root_dir=. $(LAB_ARGS)
+
+student: $(STAMP) ## Write the exercise edition to notebooks/student/ (never overwrites your edits)
+	$(BIN)/python -m transformer_from_scratch.nbtools.student $(if $(NB),$(NB),)
 
 test: $(STAMP) ## Unit tests, then re-execute every notebook with nbval
 	$(BIN)/python -m pytest tests $(NBVAL_ARGS) $(NOTEBOOKS)
@@ -42,15 +45,15 @@ test-notebooks: $(STAMP) ## Re-execute every notebook with nbval only
 	$(BIN)/python -m pytest $(NBVAL_ARGS) $(NOTEBOOKS)
 
 export: $(STAMP) ## Regenerate src/transformer_from_scratch/<module>.py from every notebook
-	$(BIN)/python -m transformer_from_scratch.export $(if $(FORCE),--force,) $(NOTEBOOKS)
+	$(BIN)/python -m transformer_from_scratch.nbtools.export $(if $(FORCE),--force,) $(NOTEBOOKS)
 
 check-export: $(STAMP) ## Fail if src/ differs from what the notebooks export
-	$(BIN)/python -m transformer_from_scratch.export --check $(NOTEBOOKS)
+	$(BIN)/python -m transformer_from_scratch.nbtools.export --check $(NOTEBOOKS)
 
 notebooks: $(STAMP) ## Re-execute every notebook in place and store clean outputs (NB=notebooks/03_softmax.ipynb for one)
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace $(or $(NB),$(NOTEBOOKS))
 	$(BIN)/nbstripout --keep-output --keep-count --extra-keys "metadata.language_info.version metadata.widgets" $(or $(NB),$(NOTEBOOKS))
-	$(BIN)/python -m transformer_from_scratch.tidy $(or $(NB),$(NOTEBOOKS))
+	$(BIN)/python -m transformer_from_scratch.nbtools.tidy $(or $(NB),$(NOTEBOOKS))
 	$(MAKE) --no-print-directory check-export
 
 images: $(STAMP) ## Redraw the architecture diagrams in images/

@@ -1,0 +1,182 @@
+"""`make student`: the exercise edition blanks what the learner builds, points their notebooks at their own
+package, never touches the guided notebooks or src/, and never overwrites a learner's edit."""
+
+import hashlib
+import importlib
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from transformer_from_scratch import checks
+from transformer_from_scratch.nbtools import export
+from transformer_from_scratch.nbtools.student import CODE_STUB, build
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+REGION = re.compile(r"^([ \t]*)### BEGIN SOLUTION[ \t]*\n(.*?)^[ \t]*### END SOLUTION[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def _code(notebook: Path) -> list[str]:
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    return ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
+
+
+def _tree_digest(paths) -> dict[str, str]:
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def edition(tmp_path_factory):
+    """The student edition of every notebook, built once into a temporary notebooks/student/."""
+    out = tmp_path_factory.mktemp("course") / "notebooks" / "student"
+    protected = list((REPO / "src").rglob("*.py")) + NOTEBOOKS
+    before = _tree_digest(protected)
+    report = build(NOTEBOOKS, out)
+    after = _tree_digest(protected)
+    return out, report, before, after
+
+
+def test_guided_notebooks_and_src_are_never_modified(edition):
+    _, _, before, after = edition
+    assert before == after
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_solution_region_becomes_a_stub(edition, notebook):
+    out, _, _, _ = edition
+    guided, student = _code(notebook), _code(out / notebook.name)
+    assert len(guided) == len(student)
+    regions = 0
+    for before, after in zip(guided, student):
+        for indent, body in REGION.findall(before):
+            regions += 1
+            assert body.strip() and body.strip() not in after, "a solution is still visible"
+            stub = "\n".join(indent + line for line in CODE_STUB.split("\n"))
+            assert stub in after
+        assert "### BEGIN SOLUTION" not in after and "### END SOLUTION" not in after
+    assert regions >= 2
+    cells = json.loads((out / notebook.name).read_text(encoding="utf-8"))["cells"]
+    assert all(not cell.get("outputs") for cell in cells if cell["cell_type"] == "code"), "outputs show answers"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_signatures_and_docstrings_stay(edition, notebook):
+    out, _, _, _ = edition
+    student = "\n".join(_code(out / notebook.name))
+    for source in _code(notebook):
+        if source.startswith("#| export"):
+            for line in source.splitlines():
+                if line.lstrip().startswith(("def ", "class ", '"""')):
+                    assert line in student, f"{line!r} is missing from the student edition"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_components_come_from_the_learners_package(edition, notebook):
+    out, _, _, _ = edition
+    for source in _code(out / notebook.name):
+        for match in re.finditer(r"from transformer_from_scratch(\.\w+)? import", source):
+            assert match.group(1) in (".checks", ".nbtools.export", ".nbtools.interactive", ".nbtools.helpers",
+                                      ".nbtools.plotting"), f"{match.group(0)}: a component from the reference"
+    markdown = json.loads((out / notebook.name).read_text(encoding="utf-8"))["cells"]
+    for cell in markdown:
+        for ref in re.findall(r'src="([^"]+)"', "".join(cell["source"])):
+            assert ref.startswith("../../") and (REPO / "notebooks" / "student" / ref).resolve().exists(), ref
+
+
+@pytest.fixture
+def learner_package(tmp_path, monkeypatch):
+    """A fresh student edition; load() imports its my_transformer (anew each time), forgotten afterwards."""
+    out = tmp_path / "notebooks" / "student"
+    build(NOTEBOOKS, out)
+    monkeypatch.syspath_prepend(str(out))
+    monkeypatch.setattr(export, "_ran_cells", {})
+
+    def load():
+        for name in [m for m in sys.modules if m == "my_transformer" or m.startswith("my_transformer.")]:
+            del sys.modules[name]
+        return importlib.import_module("my_transformer")
+
+    yield out, load
+    for name in [m for m in sys.modules if m == "my_transformer" or m.startswith("my_transformer.")]:
+        del sys.modules[name]
+
+
+def test_the_learners_package_starts_as_stubs_that_the_checks_reject(learner_package):
+    _, load = learner_package
+    mine = load()
+    assert "from my_transformer.softmax import softmax" in Path(mine.attention.__file__).read_text()
+    with pytest.raises(AssertionError, match="not written yet"):
+        checks.check_linear(mine.Linear)
+
+
+def test_a_stuck_learner_continues_with_the_reference_in_one_line(learner_package, capsys):
+    out, load = learner_package
+    export.export_notebook(out / "01_linear.ipynb", reference=True)
+    assert "reference" in capsys.readouterr().out
+    import transformer_from_scratch
+
+    assert load().Linear is transformer_from_scratch.Linear
+    export.export_notebook(out / "01_linear.ipynb")  # and back to their own (stub) version, no complaint
+    assert load().Linear is not transformer_from_scratch.Linear
+
+
+def test_reference_mode_is_refused_in_the_guided_notebooks():
+    with pytest.raises(export.ExportError, match="student edition"):
+        export.export_notebook(NOTEBOOKS[0], reference=True)
+
+
+def test_a_second_run_keeps_what_the_learner_changed(tmp_path):
+    out = tmp_path / "notebooks" / "student"
+    build(NOTEBOOKS[:2], out)
+    edited = out / NOTEBOOKS[0].name
+    notebook = json.loads(edited.read_text(encoding="utf-8"))
+    notebook["cells"][-1]["source"] = "my own notes"
+    edited.write_text(json.dumps(notebook), encoding="utf-8")
+    mine = edited.read_bytes()
+    (out / "my_transformer" / "linear.py").write_text("# my Linear\n", encoding="utf-8")
+
+    report = build(NOTEBOOKS[:2], out)
+    assert edited.read_bytes() == mine
+    assert any(line.startswith(f"{NOTEBOOKS[0].name}: kept") for line in report)
+    assert f"{NOTEBOOKS[1].name}: unchanged" in report
+    assert (out / "my_transformer" / "linear.py").read_text(encoding="utf-8") == "# my Linear\n"
+
+
+def test_a_learners_components_are_what_their_later_notebooks_use(learner_package):
+    """The learner writes softmax (03) and attention (05): their attention runs on their softmax."""
+    out, load = learner_package
+    for name in ("03_softmax.ipynb", "05_attention.ipynb"):
+        guided = json.loads((REPO / "notebooks" / name).read_text(encoding="utf-8"))
+        student = json.loads((out / name).read_text(encoding="utf-8"))
+        written = {cell["id"]: cell["source"] for cell in guided["cells"]}
+        for cell in student["cells"]:  # "the learner" writes exactly the guided solution
+            if "".join(cell["source"]).startswith("#| export") and "YOUR CODE HERE" in "".join(cell["source"]):
+                cell["source"] = written[cell["id"]]
+        (out / name).write_text(json.dumps(student), encoding="utf-8")
+        export.export_notebook(out / name, quiet=True)
+    mine = load()
+    attention_module = importlib.import_module("my_transformer.attention")
+    assert attention_module.softmax is importlib.import_module("my_transformer.softmax").softmax
+    checks.check_softmax(mine.softmax)
+    checks.check_scaled_dot_product_attention(mine.scaled_dot_product_attention)
+
+
+def test_the_student_notebook_runs_until_the_learners_gate(tmp_path):
+    """Executed as a learner would before writing anything, notebook 01 stops at its check, which says why."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    out = tmp_path / "notebooks" / "student"
+    build(NOTEBOOKS[:1], out)
+    notebook = nbformat.read(out / NOTEBOOKS[0].name, as_version=4)
+    client = NotebookClient(notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(out)}})
+    with pytest.raises(CellExecutionError) as stopped:
+        client.execute()
+    failed = next(cell for cell in notebook.cells if cell.cell_type == "code"
+                  and any(o.get("output_type") == "error" for o in cell.get("outputs", [])))
+    assert "check_linear(Linear)" in failed.source
+    assert "AssertionError" in str(stopped.value) and "not written yet" in str(stopped.value)
