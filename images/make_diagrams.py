@@ -356,11 +356,15 @@ def draw_node(ax, node: Node, highlight: str | None) -> None:
 
 
 def draw_sdpa_formula(ax, highlight: str | None) -> None:
-    """softmax( QKᵀ/√d_k + causal mask ) V, with the softmax being its own box."""
+    """softmax( QKᵀ/√d_k, with -inf where j > i ) V, with the softmax being its own box.
+
+    The causal mask is a boolean "may attend" mask (True where key j <= query i), so it is not added to
+    the scores: the future keys' scores are set to -inf, which is what the formula says.
+    """
     sm = BY_NAME["sdpa_soft"]
     color = style(BY_NAME["sdpa"], highlight)["text"]
     text(ax, sm.x + sm.w / 2 + 0.04, sm.y - 0.01,
-         r"$\left(\,QK^{\top}/\sqrt{d_k}\;+\;\mathrm{causal\ mask}\,\right)\,V$",
+         r"$\left(\,QK^{\top}/\sqrt{d_k},\;{-\infty}\ \mathrm{where}\ j>i\,\right)\,V$",
          color, FS_LABEL, ha="left")
 
 

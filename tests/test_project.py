@@ -11,10 +11,12 @@ import pytest
 import yaml
 
 import transformer_from_scratch
+from transformer_from_scratch import checks
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-SECTIONS = ["## Setup", "## Why", "## The maths", "## Build it", "## See it", "## The final class",
+# The H2 headings of every notebook, in order: exactly these (the "Why" one names the component).
+SECTIONS = ["## Setup", "## Why ", "## The maths", "## Build it step by step", "## See it", "## The final class",
             "## Verify", "## Pitfalls", "## Exercises", "## Recap and next"]
 MACHINE_PATH = re.compile(r"/home/|/root/|/tmp/|/work/|/Users/|[A-Za-z]:\\\\")
 MAX_CELL_LINES = 50  # about a screen
@@ -70,9 +72,10 @@ def test_notebook_follows_the_template(notebook):
     assert cells[0]["cell_type"] == "markdown" and _source(cells[0]).startswith(f"# {number} · ")
     headings = [line for cell in cells if cell["cell_type"] == "markdown"
                 for line in _source(cell).splitlines() if line.startswith("## ")]
-    found = [next((i for i, h in enumerate(headings) if h.startswith(s)), None) for s in SECTIONS]
-    assert None not in found, f"missing sections: {[s for s, i in zip(SECTIONS, found) if i is None]}"
-    assert found == sorted(found), "sections out of the template's order"
+    assert len(headings) == len(SECTIONS), f"the H2 headings are exactly the template's: {headings}"
+    for heading, expected in zip(headings, SECTIONS):
+        assert heading == expected or (expected == "## Why " and heading.startswith(expected) and heading.endswith("?")), \
+            f"{heading!r} where the template has {expected.strip()!r}"
 
     code = [_source(cell) for cell in cells if cell["cell_type"] == "code"]
     assert any(src.startswith("#| export") for src in code)
@@ -80,7 +83,7 @@ def test_notebook_follows_the_template(notebook):
     assert any(f'export_notebook("{notebook.name}")' in src for src in code)
     assert (REPO / "tests" / f"test_{module}.py").exists(), f"tests/test_{module}.py is missing"
 
-    solutions = [src for src in code if "### BEGIN SOLUTION" in src]
+    solutions = [src for src in code if "### BEGIN SOLUTION" in src and not src.startswith("#| export")]
     assert len(solutions) >= 2, "at least two exercises with solutions"
     for src in code:
         assert src.count("### BEGIN SOLUTION") == src.count("### END SOLUTION")
@@ -116,3 +119,48 @@ def test_notebook_images_exist(notebook):
         for ref in re.findall(r"!\[[^\]]*\]\(([^)\s]+)", text) + re.findall(r'<img[^>]+src="([^"]+)"', text):
             assert not ref.startswith(("http:", "https:")), f"{ref}: the project draws its own images"
             assert (notebook.parent / ref).exists(), f"{ref} does not exist"
+
+
+def _section(cells: list[dict], heading: str) -> list[dict]:
+    """The cells from the H2 starting with ``heading`` up to the next H2."""
+    start = next(i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+                 and any(line.startswith(heading) for line in _source(c).splitlines()))
+    end = next((i for i in range(start + 1, len(cells)) if cells[i]["cell_type"] == "markdown"
+                and any(line.startswith("## ") for line in _source(cells[i]).splitlines())), len(cells))
+    return cells[start:end]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_a_workshop(notebook):
+    """Objectives up front; the final class is a stub-able solution with hints and its learner check;
+    every exercise has a difficulty, a time and hints."""
+    cells = _cells(notebook)
+    intro = _source(cells[0])
+    assert "**By the end of this notebook you can:**" in intro
+    objectives = [line for line in intro.split("**By the end of this notebook you can:**")[1].splitlines()
+                  if line.startswith(("* ", "- "))]
+    assert 2 <= len(objectives) <= 3, "two or three learning objectives"
+
+    final = _section(cells, "## The final class")
+    final_md = "\n".join(_source(c) for c in final if c["cell_type"] == "markdown")
+    final_code = [_source(c) for c in final if c["cell_type"] == "code"]
+    assert "**Your turn**" in final_md and "★" in final_md and "min" in final_md
+    assert any(src.startswith("#| export") and "### BEGIN SOLUTION" in src for src in final_code), \
+        "the body of the final class sits between solution markers, so the student edition blanks it"
+    assert "<details>" in final_md, "hints for the final class"
+    calls = [name for src in final_code for name in re.findall(r"^(check_\w+)\(", src, re.MULTILINE)]
+    assert calls and all(hasattr(checks, name) for name in calls), "the final class is followed by its check"
+    export_at = next(i for i, src in enumerate(final_code) if "export_notebook(" in src)
+    check_at = next(i for i, src in enumerate(final_code) if re.search(r"^check_\w+\(", src, re.MULTILINE))
+    assert check_at < export_at, "the check gates the export"
+
+    exercises = _section(cells, "## Exercises")
+    prompts = [c for c in exercises if c["cell_type"] == "markdown" and re.match(r"\*\*\d\.", _source(c))]
+    assert len(prompts) >= 2
+    for cell in prompts:
+        text = _source(cell)
+        assert re.search(r"★[★☆]{2}", text) and re.search(r"\d+ min", text), f"difficulty and time: {text[:60]}"
+        assert "<details>" in text, f"hints: {text[:60]}"
+    for cell in cells:
+        text = _source(cell)
+        assert text.count("<details>") == text.count("</details>") == text.count("<summary>")

@@ -127,7 +127,7 @@ def test_float16_is_computed_in_float32(device):
 
 
 def test_empty_dimension_gives_empty_result_like_torch():
-    for shape, dim in [((3, 0), -1), ((0, 4), -1), ((0, 4), 0)]:
+    for shape, dim in [((3, 0), -1), ((0, 4), -1), ((0, 4), 0), ((2, 0, 3), 1), ((0,), 0)]:
         x = torch.empty(shape)
         assert softmax(x, dim).shape == torch.softmax(x, dim=dim).shape == shape
 
@@ -145,13 +145,34 @@ def test_bad_dim_names_dim_and_ndim(shape, dim):
         softmax(torch.randn(shape), dim)
 
 
-def test_zero_dim_tensor_is_refused():
-    with pytest.raises(IndexError, match=r"x is 0-d.*dim=0 is out of range"):
-        softmax(torch.tensor(1.0), 0)
+@pytest.mark.parametrize("dim", [0, -1])
+@pytest.mark.parametrize("value", [3.0, -1000.0, float("-inf")], ids=["3", "-1000", "-inf"])
+def test_zero_dim_tensor_is_one_score_like_torch(value, dim):
+    """A 0-d tensor is a single score: torch.softmax takes dim 0 or -1 and gives 1 (NaN for -inf, 0/0)."""
+    x = torch.tensor(value, dtype=torch.float64, requires_grad=True)
+    p = softmax(x, dim)
+    expected = torch.softmax(x, dim=dim)
+    assert p.shape == () and p.dtype == torch.float64
+    torch.testing.assert_close(p, expected, equal_nan=True)
+    if value != float("-inf"):
+        assert p.item() == 1.0
+        p.backward()
+        assert x.grad.item() == 0.0  # 1 whatever the score: no gradient
+
+
+@pytest.mark.parametrize("dim", [1, -2, 5])
+def test_zero_dim_tensor_other_dims_are_out_of_range_like_torch(dim):
+    x = torch.tensor(3.0)
+    with pytest.raises(IndexError):
+        torch.softmax(x, dim=dim)
+    message = rf"dim={dim} is out of range for x with x.ndim=0 .*\(expected -1 <= dim <= 0\)"
+    with pytest.raises(IndexError, match=message):
+        softmax(x, dim)
 
 
 @pytest.mark.parametrize(
-    "bad", [torch.ones(2, 4, dtype=torch.long), torch.ones(3, dtype=torch.bool), [1.0, 2.0]], ids=["int", "bool", "list"]
+    "bad", [torch.ones(2, 4, dtype=torch.long), torch.ones(3, dtype=torch.bool), [1.0, 2.0]],
+    ids=["int", "bool", "list"],
 )
 def test_non_float_input_is_refused(bad):
     with pytest.raises(TypeError):
@@ -180,8 +201,11 @@ def test_jacobian_is_diag_p_minus_p_p_transpose():
     p = softmax(x, 0)
     jacobian = torch.autograd.functional.jacobian(lambda t: softmax(t, 0), x)
     torch.testing.assert_close(jacobian, torch.diag(p) - torch.outer(p, p))
-    # each column sums to 0: adding the same amount to every logit changes nothing
-    torch.testing.assert_close(jacobian.sum(dim=0), torch.zeros(4, dtype=torch.float64))
+    zeros = torch.zeros(4, dtype=torch.float64)
+    # each row sums to 0, J·1 = 0: adding the same amount to every logit changes nothing (shift invariance)
+    torch.testing.assert_close(jacobian.sum(dim=1), zeros)
+    # each column sums to 0 too, 1ᵀJ = 0: the probabilities always add up to 1
+    torch.testing.assert_close(jacobian.sum(dim=0), zeros)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,6 +1,6 @@
 # Generated from notebooks/02_embedding.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 1df0bf90c688c602e02ab6cd6b85cb907b1f014b146a595f4e3f7c07dff6391a
+# body-sha256: c0e43cc1db7501acfb4bffa1a63dba580831d97ddeb91622e315fa16a93dfcdd
 
 import torch
 from beartype import beartype
@@ -13,7 +13,11 @@ INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64
 
 
 def _checked_ids(token_ids: Tensor, num_embeddings: int) -> Tensor:
-    """token_ids as int64, after checking that they are integers in [0, num_embeddings)."""
+    """token_ids as int64, after checking that they are integers in [0, num_embeddings).
+
+    Raises TypeError for a tensor of another dtype (float, bool). Raises ValueError when an id is < 0 or
+    >= num_embeddings, naming the smallest and largest id found and the valid range. Empty ids pass.
+    """
     if token_ids.dtype not in INTEGER_DTYPES:
         hint = "; a bool tensor would act as a mask, not as ids" if token_ids.dtype == torch.bool else ""
         raise TypeError(
@@ -34,15 +38,14 @@ def _checked_ids(token_ids: Tensor, num_embeddings: int) -> Tensor:
 class Embedding(nn.Module):
     """A learned lookup table: token ids of any shape (...) -> vectors of shape (..., embedding_dim).
 
-    Equivalent to multiplying one-hot rows by the table, computed as a gather (no FLOPs). The weight
-    has shape (num_embeddings, embedding_dim), like torch.nn.Embedding, and starts as N(0, 1)
-    truncated at [-3, 3].
+    Equivalent to multiplying one-hot rows by the table, computed as a gather (no FLOPs). The table is
+    the parameter `weight`, of shape (num_embeddings, embedding_dim) like torch.nn.Embedding's, drawn
+    from N(0, 1) truncated at [-3, 3].
 
     Args:
         num_embeddings: vocabulary size V; valid token ids are 0 ... V - 1.
         embedding_dim: size d_model of each vector.
-        device: where to create the weight (default: torch's default device).
-        dtype: the weight's dtype (default: torch's default dtype).
+        device, dtype: where and in which dtype to create the weight (default: torch's defaults).
 
     Raises (in forward):
         TypeError: the ids are not an integer tensor (float, bool, or not a tensor at all).
@@ -63,10 +66,12 @@ class Embedding(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Draw every entry of the table from N(0, 1) truncated at [-3, 3]."""
         nn.init.trunc_normal_(self.weight, mean=0.0, std=1.0, a=-3.0, b=3.0)
 
     @jaxtyped(typechecker=beartype)
     def forward(self, token_ids: Shaped[Tensor, "*batch"]) -> Float[Tensor, "*batch d_model"]:
+        """Row token_ids[...] of the table for every id, as a copy: (...) -> (..., embedding_dim)."""
         ids = _checked_ids(token_ids, self.num_embeddings)
         rows = self.weight[ids.reshape(-1)]  # gather one row per token: (N, d_model), always a copy
         return rows.reshape(*ids.shape, self.embedding_dim)

@@ -1,6 +1,6 @@
 # Generated from notebooks/01_linear.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 56628310e0c4ecfa52abb22f6c31d1f8b0c7fe5e29a2b25f653bfffbee8c9782
+# body-sha256: 697c2528248b66ea66ca9bab2a60485a47b3b96c9a2efe1a42ec5abfab138ec6
 
 import math
 
@@ -14,8 +14,8 @@ from torch import Tensor, nn
 class Linear(nn.Module):
     """A linear map y = W x with no bias, applied over any number of leading dimensions.
 
-    The weight has shape (out_features, in_features), like torch.nn.Linear, and starts as
-    N(0, σ²) with σ² = 2 / (in_features + out_features), truncated at ±3σ.
+    Its one parameter, `weight`, has shape (out_features, in_features), like torch.nn.Linear, and
+    starts as N(0, σ²) with σ² = 2 / (in_features + out_features), truncated at ±3σ.
 
     Args:
         in_features: size d_in of the input's last dimension.
@@ -34,11 +34,13 @@ class Linear(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Fill `weight` in place with N(0, σ²), σ² = 2 / (in_features + out_features), cut at ±3σ."""
         std = math.sqrt(2.0 / (self.in_features + self.out_features))
         nn.init.trunc_normal_(self.weight, mean=0.0, std=std, a=-3.0 * std, b=3.0 * std)
 
     @jaxtyped(typechecker=beartype)
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
+        """y = W x for every vector along the last dimension: (..., d_in) -> (..., d_out)."""
         if x.shape[-1] != self.in_features:
             raise ValueError(
                 f"Linear expected an input of shape (..., {self.in_features}) (in_features={self.in_features}), "

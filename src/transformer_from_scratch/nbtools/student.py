@@ -95,6 +95,7 @@ class StudentEdition(Preprocessor):
         cell.source = re.sub(pattern, STUDENT_PACKAGE, cell.source)
         if cell.cell_type == "markdown":
             cell.source = re.sub(r'(\]\(|src=")\.\./', r"\1../../", cell.source)
+            cell.source = cell.source.replace(f"src/{PACKAGE}/", f"{STUDENT_PACKAGE}/")
         elif "export_notebook(" in cell.source and "import export_notebook" in cell.source:
             cell.source = cell.source.rstrip() + "\n" + REFERENCE_LINE.format(name=self.notebook_name)
         return cell, resources
