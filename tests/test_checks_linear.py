@@ -181,7 +181,7 @@ MUTANTS = {
     "hidden bias": (HiddenBias, "adds the same vector to every output"),
     "dtype ignored": (IgnoresDtype, "ignores its dtype argument"),
     "device ignored": (IgnoresDevice, "ignores its device argument"),
-    "F.linear inside": (UsesFLinear, "calls F.linear"),
+    "F.linear inside": (UsesFLinear, "calls PyTorch's own F.linear"),
     "nn.Linear inside": (WrapsNNLinear, "contains) torch.nn.Linear"),
     "fixed leading dims": (FixedLeadingDims, "any number of leading dimensions"),
     "flattened leading dims": (FlattensLeadingDims, "loses the leading dimensions"),

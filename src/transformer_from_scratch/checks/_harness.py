@@ -13,6 +13,7 @@ from typing import Any, Callable, NoReturn, Sequence
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 STUB_FIX = "replace `raise NotImplementedError()` under '# YOUR CODE HERE' with your code, run the cell, then the check"
 
@@ -127,3 +128,35 @@ def check_device_and_dtype(make: Callable[..., nn.Module], name: str) -> None:
     if wrong:
         fail(f"{name} ignores its device argument ({wrong[0]} was created on {dict(module.named_parameters())[wrong[0]].device})",
              "pass device=device to torch.empty / torch.ones when you create each parameter")
+
+
+class BuiltinSpy(TorchFunctionMode):
+    """Records which of ``builtins`` (callable -> name shown to the learner) run inside the ``with`` block.
+
+    It sees PyTorch functions however the learner reached them (``F.silu``, ``torch.nn.functional.silu``,
+    an imported alias, a module's forward), and changes nothing: the learner's code runs as written.
+    """
+
+    def __init__(self, builtins: dict[Callable[..., Any], str]) -> None:
+        super().__init__()
+        self.builtins = builtins
+        self.used: list[str] = []
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func in self.builtins and self.builtins[func] not in self.used:
+            self.used.append(self.builtins[func])
+        return func(*args, **(kwargs or {}))
+
+
+def call_without_builtins(what: str, builtins: dict[Callable[..., Any], str], fix: str,
+                          fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``call(what, fn, ...)``, failing with "``what`` calls <built-in> ...: ``fix``" if it used one of ``builtins``.
+
+    SPEC.md: the built-in a notebook teaches is a reference for tests and the notebook's Verify section,
+    never a part of the learner's class.
+    """
+    with BuiltinSpy(builtins) as spy:
+        result = call(what, fn, *args, **kwargs)
+    if spy.used:
+        fail(f"{what} calls PyTorch's own {spy.used[0]}, the built-in this notebook builds", fix)
+    return result

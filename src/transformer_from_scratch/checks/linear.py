@@ -8,9 +8,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
-from ._harness import call, check_device_and_dtype, check_parameters, check_signature, close, describe, fail, generator, passed
+from ._harness import call, call_without_builtins, check_device_and_dtype, check_parameters, check_signature, close, describe, fail, generator, passed
 
 _NAME = "Linear"
 _EINSUM = 'einsum(x, self.weight, "... d_in, d_out d_in -> ... d_out")'
@@ -27,27 +26,11 @@ def _truncated_std(k: float) -> float:
     return math.sqrt(1 - 2 * k * density / inside)
 
 
-class _BuiltinSpy(TorchFunctionMode):
-    """Notes whether ``F.linear`` (under any name, or through ``nn.Linear``) runs inside the block."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.used = False
-
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if func is F.linear or func is torch._C._nn.linear:
-            self.used = True
-        return func(*args, **(kwargs or {}))
-
-
 def _no_builtin(what: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """``call(what, fn, *args)``, failing if it used the built-in this notebook builds."""
-    with _BuiltinSpy() as spy:
-        result = call(what, fn, *args)
-    if spy.used:
-        fail(f"{what} calls F.linear (or nn.Linear), the built-in this notebook builds",
-             f"compute it yourself: {_EINSUM} (or x @ self.weight.T); F.linear is only the reference")
-    return result
+    """``call(what, fn, *args)``, failing if it used F.linear (under any name, or through nn.Linear)."""
+    return call_without_builtins(
+        what, {F.linear: "F.linear", torch._C._nn.linear: "F.linear"},
+        f"compute it yourself: {_EINSUM} (or x @ self.weight.T); F.linear is only the reference", fn, *args)
 
 
 def _check_structure(impl: type) -> None:

@@ -8,9 +8,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
-from ._harness import (call, check_device_and_dtype, check_parameters, check_signature, close, describe, fail,
+from ._harness import (BuiltinSpy, call, check_device_and_dtype, check_parameters, check_signature, close, describe, fail,
                        generator, passed)
 
 NAME = "RMSNorm"
@@ -74,20 +73,8 @@ def _max_error(actual: Tensor, expected: Tensor) -> str:
     return f"largest difference {(actual.detach().double() - expected.double()).abs().max().item():.3g}"
 
 
-class _BuiltinSpy(TorchFunctionMode):
-    """Records calls of PyTorch's own normalisations, however the learner imported them."""
-
-    BUILTINS = {F.rms_norm: "F.rms_norm", torch.rms_norm: "torch.rms_norm",
-                F.layer_norm: "F.layer_norm", torch.layer_norm: "torch.layer_norm"}
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.used: list[str] = []
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if func in self.BUILTINS:
-            self.used.append(self.BUILTINS[func])
-        return func(*args, **(kwargs or {}))
+_BUILTINS = {F.rms_norm: "F.rms_norm", torch.rms_norm: "torch.rms_norm",
+             F.layer_norm: "F.layer_norm", torch.layer_norm: "torch.layer_norm"}
 
 
 def _make(impl: Any, d_model: int, **kwargs: Any) -> nn.Module:
@@ -181,7 +168,7 @@ def _check_construction(impl: Any) -> None:
 def _check_no_builtin(impl: Any) -> None:
     module = _make(impl, 8)
     x = torch.randn(3, 8, generator=generator(1))
-    with _BuiltinSpy() as spy:
+    with BuiltinSpy(_BUILTINS) as spy:
         _forward(module, x)
     if spy.used:
         fail(f"{NAME}.forward calls PyTorch's own {spy.used[0]}",
