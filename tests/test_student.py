@@ -149,19 +149,35 @@ def test_a_learners_components_are_what_their_later_notebooks_use(learner_packag
     """The learner writes softmax (03) and attention (05): their attention runs on their softmax."""
     out, load = learner_package
     for name in ("03_softmax.ipynb", "05_attention.ipynb"):
-        guided = json.loads((REPO / "notebooks" / name).read_text(encoding="utf-8"))
-        student = json.loads((out / name).read_text(encoding="utf-8"))
-        written = {cell["id"]: cell["source"] for cell in guided["cells"]}
-        for cell in student["cells"]:  # "the learner" writes exactly the guided solution
-            if "".join(cell["source"]).startswith("#| export") and "YOUR CODE HERE" in "".join(cell["source"]):
-                cell["source"] = written[cell["id"]]
-        (out / name).write_text(json.dumps(student), encoding="utf-8")
-        export.export_notebook(out / name, quiet=True)
+        _write_like_the_guided_notebook(out, name)
     mine = load()
     attention_module = importlib.import_module("my_transformer.attention")
     assert attention_module.softmax is importlib.import_module("my_transformer.softmax").softmax
     checks.check_softmax(mine.softmax)
     checks.check_scaled_dot_product_attention(mine.scaled_dot_product_attention)
+
+
+def _write_like_the_guided_notebook(out: Path, name: str) -> None:
+    """Play the learner: fill every stubbed export cell of student notebook ``name`` as the guided one has it."""
+    guided = json.loads((REPO / "notebooks" / name).read_text(encoding="utf-8"))
+    student = json.loads((out / name).read_text(encoding="utf-8"))
+    written = {cell["id"]: cell["source"] for cell in guided["cells"]}
+    for cell in student["cells"]:
+        if "".join(cell["source"]).startswith("#| export") and "YOUR CODE HERE" in "".join(cell["source"]):
+            cell["source"] = written[cell["id"]]
+    (out / name).write_text(json.dumps(student), encoding="utf-8")
+    export.export_notebook(out / name, quiet=True)
+
+
+def test_a_stub_in_an_earlier_notebook_is_named_with_the_way_out(learner_package):
+    """SwiGLU written, Linear (notebook 01) still a stub: the check says which stub and how to go on."""
+    out, load = learner_package
+    _write_like_the_guided_notebook(out, "07_swiglu.ipynb")
+    with pytest.raises(AssertionError) as verdict:
+        checks.check_swiglu(load().SwiGLU)
+    first = str(verdict.value).splitlines()[0]
+    assert "Linear.__init__ from 01_linear.ipynb, which is still a stub" in first
+    assert 'export_notebook("01_linear.ipynb", reference=True)' in first
 
 
 def test_the_student_notebook_runs_until_the_learners_gate(tmp_path):

@@ -9,6 +9,8 @@ mistake and how to fix it. Later lines may add evidence (expected and actual num
 from __future__ import annotations
 
 import inspect
+import re
+from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 import torch
@@ -32,8 +34,8 @@ def call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """
     try:
         return fn(*args, **kwargs)
-    except NotImplementedError:
-        fail(f"{what} is not written yet (it raises NotImplementedError)", STUB_FIX)
+    except NotImplementedError as error:
+        fail(*_stub_verdict(what, error))
     except AssertionError:
         raise
     except Exception as error:  # noqa: BLE001 - any crash of the learner's code becomes a verdict
@@ -41,6 +43,26 @@ def call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         raise AssertionError(
             f"{what} raised {type(error).__name__} ({first}): read the error below and fix that line first."
         ) from error
+
+
+def _stub_verdict(what: str, error: NotImplementedError) -> tuple[str, str]:
+    """Name the stub that raised: the learner's own, or one in another notebook's module it builds on."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return f"{what} is not written yet (it raises NotImplementedError)", STUB_FIX
+    code = tb.tb_frame.f_code
+    where = getattr(code, "co_qualname", code.co_name)
+    path = Path(code.co_filename)
+    source = re.match(r"# Written from your (\S+\.ipynb)", path.read_text(encoding="utf-8", errors="replace")) \
+        if path.is_file() else None
+    if source is None:  # the stub is in the cell being checked
+        return f"{what} is not written yet ({where} raises NotImplementedError)", STUB_FIX
+    notebook = source.group(1)
+    return (f"{what} is not written yet: it uses your {where} from {notebook}, which is still a stub",
+            f"write it in {notebook} and run its export cell, or continue with the course's version: "
+            f'export_notebook("{notebook}", reference=True) there')
 
 
 def passed(message: str) -> None:
@@ -122,12 +144,14 @@ def check_device_and_dtype(make: Callable[..., nn.Module], name: str) -> None:
     wrong = [key for key, p in module.named_parameters() if p.dtype != torch.float64]
     if wrong:
         fail(f"{name} ignores its dtype argument ({wrong[0]} is {dict(module.named_parameters())[wrong[0]].dtype})",
-             "pass dtype=dtype to torch.empty / torch.ones when you create each parameter")
+             "pass dtype=dtype on to everything you create: torch.empty(..., dtype=dtype) for a parameter, "
+             "Linear(..., dtype=dtype) for a submodule")
     module = call(f"{name}(..., device='meta')", make, device="meta")
     wrong = [key for key, p in module.named_parameters() if p.device.type != "meta"]
     if wrong:
         fail(f"{name} ignores its device argument ({wrong[0]} was created on {dict(module.named_parameters())[wrong[0]].device})",
-             "pass device=device to torch.empty / torch.ones when you create each parameter")
+             "pass device=device on to everything you create: torch.empty(..., device=device) for a parameter, "
+             "Linear(..., device=device) for a submodule")
 
 
 class BuiltinSpy(TorchFunctionMode):
