@@ -11,5 +11,8 @@ from .embedding import Embedding
 from .softmax import softmax
 from .rmsnorm import RMSNorm
 from .attention import scaled_dot_product_attention
+from .rope import RotaryPositionalEmbedding
+from .swiglu import SwiGLU, silu, swiglu_hidden_size
+from .multihead_attention import MultiHeadSelfAttention
 
-__all__ = ["Linear", "Embedding", "softmax", "RMSNorm", "scaled_dot_product_attention"]
+__all__ = ["Linear", "Embedding", "softmax", "RMSNorm", "scaled_dot_product_attention", "RotaryPositionalEmbedding", "silu", "SwiGLU", "swiglu_hidden_size", "MultiHeadSelfAttention"]

@@ -16,8 +16,11 @@ Each runs in about a second on a CPU, on inputs drawn from a fixed seed. In a no
 from .attention import check_scaled_dot_product_attention
 from .embedding import check_embedding
 from .linear import check_linear
+from .multihead_attention import check_multihead_self_attention
 from .rmsnorm import check_rmsnorm
+from .rope import check_rope
 from .softmax import check_softmax
+from .swiglu import check_silu, check_swiglu
 
 __all__ = [
     "check_linear",
@@ -25,4 +28,8 @@ __all__ = [
     "check_softmax",
     "check_rmsnorm",
     "check_scaled_dot_product_attention",
+    "check_rope",
+    "check_silu",
+    "check_swiglu",
+    "check_multihead_self_attention",
 ]

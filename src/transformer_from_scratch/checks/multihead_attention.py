@@ -1,0 +1,433 @@
+"""``check_multihead_self_attention``: the learner's ``MultiHeadSelfAttention`` (notebook 08), loaded with known
+weights, against a reference assembled from PyTorch built-ins: ``F.linear`` for the four projections and
+``F.scaled_dot_product_attention(is_causal=True)`` for the heads, with RoPE written here as a complex
+multiplication (independent of the package's ``RotaryPositionalEmbedding``)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._harness import (BuiltinSpy, call, check_device_and_dtype, check_parameters, check_signature, close,
+                       describe, fail, generator, passed)
+
+_NAME = "MultiHeadSelfAttention"
+_SIGNATURE = ["d_model", "num_heads", "max_seq_len", "theta", "device", "dtype"]
+_SDPA = F.scaled_dot_product_attention  # saved at import, so the reference is never a patched one
+# d_model = 12 in 3 heads of d_k = 4, over 5 tokens: seq, heads and d_k all differ, so a reshape that mixes
+# them cannot go unnoticed, and √d_model ≠ √d_k.
+_D_MODEL, _HEADS, _SEQ = 12, 3, 5
+_MAX_SEQ_LEN, _THETA = 16, 10000.0
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "output_proj")
+_SPLIT = 'rearrange(q, "... seq (heads d_k) -> ... heads seq d_k", heads=num_heads)'
+_MERGE = 'rearrange(out, "... heads seq d_k -> ... seq (heads d_k)")'
+_RIGHT_ROPE = "after splitting the heads: q = rope(q, positions), k = rope(k, positions), with positions of shape (..., 1, seq)"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The reference and the classic wrong variants (float64 on the CPU, PyTorch built-ins only)
+# ---------------------------------------------------------------------------------------------------------
+
+def _rotate(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """RoPE as a complex product: the pair (x[2k], x[2k+1]) is x[2k] + i·x[2k+1], times e^{i·position·θ^(-2k/d)}."""
+    d = x.shape[-1]
+    frequencies = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = positions.to(torch.float64)[..., None] * frequencies  # (..., seq, d/2)
+    pairs = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    return torch.view_as_real(pairs * torch.polar(torch.ones_like(angles), angles)).flatten(-2)
+
+
+def _split(t: Tensor, heads: int, how: str) -> Tensor:
+    """(..., seq, d_model) -> (..., heads, seq, d_k), the right way or a classic wrong one."""
+    *lead, seq, d = t.shape
+    if how == "no transpose":  # reshape straight to (..., heads, seq, d_k)
+        return t.reshape(*lead, heads, seq, d // heads)
+    if how == "strided":  # "(d_k heads)": head h gets features h, h + heads, h + 2·heads, ...
+        return t.reshape(*lead, seq, d // heads, heads).movedim(-1, -3)
+    return t.reshape(*lead, seq, heads, d // heads).transpose(-3, -2)
+
+
+def _merge(t: Tensor, how: str) -> Tensor:
+    """(..., heads, seq, d_k) -> (..., seq, d_model), the right way or a classic wrong one."""
+    *lead, heads, seq, d_k = t.shape
+    if how == "no transpose":
+        return t.reshape(*lead, seq, heads * d_k)
+    if how == "strided":
+        return t.movedim(-3, -1).reshape(*lead, seq, heads * d_k)
+    return t.transpose(-3, -2).reshape(*lead, seq, heads * d_k)
+
+
+def _mhsa(x: Tensor, weights: dict[str, Tensor], heads: int, theta: float | None = None,
+          positions: Tensor | None = None, *, split: str = "right", merge: str | None = None, mask: str = "causal",
+          scale: str = "d_k", rope_on: str = "qk", rope_width: str = "d_k", head_axis: bool = True,
+          output_proj: bool = True) -> Tensor:
+    """Multi-head self-attention from F.linear and F.scaled_dot_product_attention, with one knob turned."""
+    x = x.detach().double().cpu()
+    w = {name: weight.double() for name, weight in weights.items()}
+    seq, d_model = x.shape[-2:]
+    q, k, v = (F.linear(x, w[name]) for name in ("q_proj", "k_proj", "v_proj"))
+    rope = theta is not None and rope_on != "none"
+    if rope:
+        positions = torch.arange(seq) if positions is None else positions.cpu()
+        rotated = {"qk": "qk", "qkv": "qkv", "q": "q", "k": "k"}[rope_on]
+    if rope and rope_width == "d_model":  # RoPE on the whole d_model-vector, before the split
+        q, k, v = (_rotate(t, positions, theta) if name in rotated else t for name, t in zip("qkv", (q, k, v)))
+    q, k, v = (_split(t, heads, split) for t in (q, k, v))
+    if rope and rope_width == "d_k":
+        where = positions.unsqueeze(-2) if head_axis else positions
+        q, k, v = (_rotate(t, where, theta) if name in rotated else t for name, t in zip("qkv", (q, k, v)))
+    d_k = d_model // heads
+    factor = 1 / math.sqrt(d_model if scale == "d_model" else d_k)
+    if mask == "causal":
+        out = _SDPA(q, k, v, is_causal=True, scale=factor)
+    else:
+        allowed = {"none": torch.ones(seq, seq), "diagonal": torch.ones(seq, seq).tril(-1),
+                   "flipped": torch.ones(seq, seq).triu()}[mask].bool()
+        out = _SDPA(q, k, v, attn_mask=allowed, scale=factor)
+    out = _merge(out, split if merge is None else merge)
+    return F.linear(out, w["output_proj"]) if output_proj else out
+
+
+# Each: (keyword arguments of _mhsa that make the mistake, the mistake, the fix). Order: most specific first.
+_STRUCTURE_VARIANTS = [
+    (dict(split="no transpose"),
+     "the heads are split without the transpose: a reshape straight to (..., heads, seq, d_k) hands each head "
+     "pieces of several tokens",
+     f"reshape to (..., seq, heads, d_k) first, then swap seq and heads with .transpose(-3, -2), or {_SPLIT}"),
+    (dict(split="no transpose", merge="right"),
+     "the heads are split without the transpose: a reshape straight to (..., heads, seq, d_k) hands each head "
+     "pieces of several tokens",
+     f"reshape to (..., seq, heads, d_k) first, then swap seq and heads with .transpose(-3, -2), or {_SPLIT}"),
+    (dict(merge="no transpose"),
+     "the heads are merged without the transpose: a reshape of (..., heads, seq, d_k) straight to (..., seq, d_model) "
+     "glues rows of different tokens together",
+     f"swap heads and seq back first, out.transpose(-3, -2).reshape(..., seq, d_model), or {_MERGE}"),
+    (dict(split="strided"),
+     "each head takes every num_heads-th feature ((d_k heads) instead of (heads d_k)), not a contiguous block",
+     f"head h owns features h·d_k … (h+1)·d_k − 1: {_SPLIT}, and merge back the same way"),
+    (dict(mask="none"),
+     "the attention is not causal: every query also sees the keys after it (the future)",
+     "pass the causal mask, torch.tril(torch.ones(seq, seq, dtype=torch.bool)) (True = may attend), "
+     "to scaled_dot_product_attention"),
+    (dict(mask="flipped"),
+     "the causal mask is flipped: each query sees itself and the future instead of itself and the past",
+     "use the lower triangle, torch.tril(torch.ones(seq, seq, dtype=torch.bool)): True means 'may attend'"),
+    (dict(mask="diagonal"),
+     "the causal mask hides the diagonal: query i must see key i (itself) too",
+     "use torch.tril(torch.ones(seq, seq, dtype=torch.bool)) with the diagonal, not tril(..., diagonal=-1)"),
+    (dict(scale="d_model"),
+     "the scores are scaled by 1/√d_model instead of 1/√d_k",
+     "each head is a dot product of d_k = d_model / num_heads numbers: divide by math.sqrt(d_k), which "
+     "scaled_dot_product_attention does by itself from the last dimension of its inputs"),
+    (dict(output_proj=False),
+     "output_proj is not applied: the merged heads are returned as they are",
+     "finish with self.output_proj(merged), which mixes what the heads found"),
+]
+_ROPE_VARIANTS = [
+    (dict(rope_on="qkv"),
+     "RoPE is applied to V too: the values, and so the output, then depend on absolute positions",
+     f"rotate only the queries and the keys, {_RIGHT_ROPE}"),
+    (dict(rope_width="d_model"),
+     "RoPE is applied before splitting the heads (with d_k = d_model), so each head gets a different rotation",
+     f"apply it {_RIGHT_ROPE} and a RotaryPositionalEmbedding built with d_k = d_model // num_heads"),
+    (dict(rope_width="d_model", rope_on="qkv"),
+     "RoPE is applied before splitting the heads (with d_k = d_model), so each head gets a different rotation",
+     f"apply it {_RIGHT_ROPE} and a RotaryPositionalEmbedding built with d_k = d_model // num_heads"),
+    (dict(rope_on="none"),
+     "RoPE is not applied, though max_seq_len and theta are given",
+     f"create self.rope = RotaryPositionalEmbedding(theta, d_k, max_seq_len, device=device) and apply it {_RIGHT_ROPE}"),
+    (dict(rope_on="q"),
+     "RoPE is applied to the queries only: the scores need both sides rotated to depend on the offset",
+     f"rotate the keys too, {_RIGHT_ROPE}"),
+    (dict(rope_on="k"),
+     "RoPE is applied to the keys only: the scores need both sides rotated to depend on the offset",
+     f"rotate the queries too, {_RIGHT_ROPE}"),
+]
+_POSITION_VARIANTS = [
+    (dict(positions=None),
+     "token_positions is ignored: the output is the one for positions 0 … seq-1",
+     "rotate with the token_positions you are given, and default to torch.arange(seq) only when it is None"),
+    (dict(head_axis=False),
+     "token_positions reach RoPE without a head axis, so positions (batch, seq) line up with the heads of "
+     "(batch, heads, seq, d_k) (head j is rotated with sequence j's positions)",
+     "give them a size-1 head axis, token_positions.unsqueeze(-2), so that every head gets the same rotation"),
+]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Running the learner's module
+# ---------------------------------------------------------------------------------------------------------
+
+def _make(impl: Any, *args: Any, **kwargs: Any) -> nn.Module:
+    shown = ", ".join([repr(a) for a in args] + [f"{key}={value!r}" for key, value in kwargs.items()])
+    return call(f"{_NAME}({shown})", impl, *args, **kwargs)
+
+
+def _known_weights(gen: torch.Generator, d_model: int = _D_MODEL) -> dict[str, Tensor]:
+    """Four (d_model, d_model) weights, N(0, 1/d_model), so activations stay of order 1."""
+    return {name: torch.randn(d_model, d_model, generator=gen, dtype=torch.float64) / math.sqrt(d_model)
+            for name in _PROJECTIONS}
+
+
+def _load(module: nn.Module, weights: dict[str, Tensor]) -> None:
+    state = {f"{name}.weight": w for name, w in weights.items()}
+    dtype = module.q_proj.weight.dtype
+    call(f"{_NAME}.load_state_dict(...) with the names {sorted(state)}",
+         module.load_state_dict, {key: value.to(dtype) for key, value in state.items()}, strict=True)
+
+
+def _forward(module: nn.Module, x: Tensor, positions: Tensor | None, what: str) -> Tensor:
+    """The learner's output (F.scaled_dot_product_attention refused unless the module was built with fused=True)."""
+    args = (x,) if positions is None else (x, positions)
+    if getattr(module, "fused", False) is True:
+        out = call(what, module, *args)
+    else:
+        with BuiltinSpy({_SDPA: "F.scaled_dot_product_attention"}) as spy:
+            out = call(what, module, *args)
+        if spy.used:
+            fail(f"{what} calls F.scaled_dot_product_attention, though the default path (fused=False) is the one "
+                 "built from scratch",
+                 "run the heads through your scaled_dot_product_attention (notebook 05) with a causal mask; keep the "
+                 "built-in for fused=True")
+    if not isinstance(out, Tensor):
+        fail(f"{what} returned {describe(out)}, not a tensor", "return only the output of output_proj")
+    if out.shape != x.shape:
+        fail(f"{what} returned shape {tuple(out.shape)}, expected {tuple(x.shape)} (the input's shape)",
+             f"split into heads and merge them back to (..., seq, d_model): {_SPLIT}, then {_MERGE}")
+    if out.dtype != x.dtype:
+        fail(f"{what} returned {out.dtype} for a {x.dtype} input", "keep the input's dtype (no .float() inside)")
+    return out
+
+
+def _compare(out: Tensor, x: Tensor, weights: dict[str, Tensor], theta: float | None, positions: Tensor | None,
+             variants: list, what: str, **tolerance: float) -> None:
+    """``out`` equals the built-in reference; if not, name the first classic variant it matches."""
+    heads = _HEADS
+    expected = _mhsa(x, weights, heads, theta, positions)
+    if close(out, expected, **tolerance):
+        return
+    for knobs, mistake, fix in variants:
+        knobs = dict(knobs)
+        wrong_positions = knobs.pop("positions", positions)
+        if theta is None and any(key.startswith("rope") or key == "head_axis" for key in knobs):
+            continue
+        try:
+            wrong = _mhsa(x, weights, heads, theta, wrong_positions, **knobs)
+        except RuntimeError:  # this variant cannot run on these shapes
+            continue
+        if not close(wrong, expected, **tolerance) and close(out, wrong, **tolerance):
+            fail(mistake, fix, f"on {what}, your output matches that variant, not the reference "
+                 "(F.linear + F.scaled_dot_product_attention(is_causal=True))")
+    diff = (out.detach().double().cpu() - expected).abs().nan_to_num(nan=math.inf).max().item()
+    rope_hint = (" If it is right without RoPE (max_seq_len and theta None) but not with it, run check_rope on your "
+                 "RotaryPositionalEmbedding.") if theta is not None else ""
+    fail(f"the output differs from the built-in reference (F.linear + F.scaled_dot_product_attention(is_causal=True)) "
+         f"by up to {diff:.3g} on {what}",
+         "project with q_proj, k_proj, v_proj; split into heads; causal attention per head; merge; output_proj" + rope_hint)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The steps
+# ---------------------------------------------------------------------------------------------------------
+
+def _check_structure(impl: Any) -> None:
+    """Signature, the four Linear submodules with the SPEC's names and shapes, nothing else, no bias."""
+    if isinstance(impl, nn.Module):
+        fail(f"check_multihead_self_attention got a {type(impl).__name__} object, not the class",
+             f"pass the class itself: check_multihead_self_attention({type(impl).__name__})")
+    check_signature(impl, _SIGNATURE, _NAME)
+    module = _make(impl, _D_MODEL, _HEADS)
+    if isinstance(module, nn.MultiheadAttention) or any(isinstance(m, nn.MultiheadAttention) for m in module.modules()):
+        fail(f"{_NAME} is (or contains) torch.nn.MultiheadAttention",
+             "build it from four Linear layers, q_proj, k_proj, v_proj and output_proj, and scaled_dot_product_attention")
+    projections = [getattr(module, name, None) for name in _PROJECTIONS]
+    shared = [name for name, proj in zip(_PROJECTIONS, projections)
+              if proj is not None and sum(other is proj for other in projections) > 1]
+    if shared:
+        fail(f"{' and '.join(shared)} are one and the same Linear, so they share one weight",
+             "create each projection as its own Linear(d_model, d_model, device=device, dtype=dtype)")
+    found = {key: tuple(p.shape) for key, p in module.named_parameters()}
+    expected = {f"{name}.weight": (_D_MODEL, _D_MODEL) for name in _PROJECTIONS}
+    if set(found) == set(expected) - {"output_proj.weight"}:
+        fail(f"{_NAME} has no output_proj (its parameters are {sorted(found)})",
+             "add self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype) and apply it to the merged heads")
+    fused_qkv = [key for key, shape in found.items() if shape == (3 * _D_MODEL, _D_MODEL)]
+    if fused_qkv:
+        fail(f"{_NAME} computes Q, K and V with one projection ({fused_qkv[0]} of shape {found[fused_qkv[0]]}), "
+             "but the course's checkpoints store three",
+             "use three Linear(d_model, d_model) submodules named q_proj, k_proj and v_proj")
+    check_parameters(module, expected, _NAME)
+    rope_module = _make(impl, _D_MODEL, _HEADS, _MAX_SEQ_LEN, _THETA)
+    check_parameters(rope_module, expected, f"{_NAME} with RoPE")
+    weights = [p.detach() for name, p in module.named_parameters()]
+    if any(torch.equal(weights[0], w) for w in weights[1:]):
+        fail(f"{_NAME}'s projections start with identical weights",
+             "create each projection as its own Linear(d_model, d_model, ...): each draws its own initial weight")
+
+
+def _check_init(impl: Any) -> None:
+    """Each projection starts as the recipe's Linear does: std 0.987·σ with σ² = 2/(d_model + d_model)."""
+    d_model = 64
+    torch.manual_seed(0)
+    module = _make(impl, d_model, 4)
+    sigma = math.sqrt(2 / (2 * d_model))
+    for name in _PROJECTIONS:
+        w = getattr(module, name).weight.detach().double()
+        if not torch.isfinite(w).all():
+            fail(f"{name}.weight contains NaN or inf, so it is not initialised",
+                 "create the projections with the package's Linear, which initialises its weight")
+        ratio = w.std().item() / sigma
+        if not 0.9 <= ratio <= 1.08:
+            fail(f"{name}.weight's initial std is {ratio:.2f} σ, not Linear's 0.987 σ (σ² = 2 / (d_model + d_model))",
+                 "create the projections with Linear(d_model, d_model, device=device, dtype=dtype) and keep its "
+                 "initialisation")
+
+
+def _check_devices(impl: Any) -> None:
+    check_device_and_dtype(lambda **kwargs: impl(_D_MODEL, _HEADS, **kwargs), _NAME)
+    module = _make(impl, _D_MODEL, _HEADS, _MAX_SEQ_LEN, _THETA, device="meta")
+    elsewhere = [key for key, buffer in module.named_buffers() if buffer.device.type != "meta"]
+    if elsewhere:
+        fail(f"{_NAME}(..., device='meta') creates RoPE's table {elsewhere[0]} on {dict(module.named_buffers())[elsewhere[0]].device}",
+             "pass device=device to RotaryPositionalEmbedding(theta, d_k, max_seq_len, device=device)")
+
+
+def _inputs(gen: torch.Generator, leading: tuple[int, ...], dtype: torch.dtype = torch.float64) -> Tensor:
+    return torch.randn(*leading, _SEQ, _D_MODEL, generator=gen, dtype=torch.float64).to(dtype)
+
+
+def _check_without_rope(impl: Any, gen: torch.Generator) -> None:
+    """No RoPE: float64 over several leading shapes, then float32."""
+    weights = _known_weights(gen)
+    for dtype, leading_shapes, tolerance in [(torch.float64, [(2,), (), (2, 3)], {}),
+                                             (torch.float32, [(2,)], dict(rtol=1e-5, atol=1e-5))]:
+        module = _make(impl, _D_MODEL, _HEADS, dtype=dtype)
+        _load(module, weights)
+        for leading in leading_shapes:
+            x = _inputs(gen, leading, dtype)
+            what = f"{_NAME}({_D_MODEL}, {_HEADS}) on x of shape {tuple(x.shape)}, {dtype}"
+            out = _forward(module, x, None, what)
+            _compare(out, x, weights, None, None, _STRUCTURE_VARIANTS, what, **tolerance)
+
+
+def _check_with_rope(impl: Any, gen: torch.Generator) -> None:
+    """RoPE: default positions, per-sequence positions (batch = heads, so a missing head axis shows), broadcast (seq,)."""
+    weights = _known_weights(gen)
+    module = _make(impl, _D_MODEL, _HEADS, _MAX_SEQ_LEN, _THETA, dtype=torch.float64)
+    _load(module, weights)
+    tolerance = dict(rtol=1e-6, atol=1e-6)  # RoPE's tables may be float32
+    name = f"{_NAME}({_D_MODEL}, {_HEADS}, max_seq_len={_MAX_SEQ_LEN}, theta={_THETA:g})"
+    x = _inputs(gen, (_HEADS,))
+    what = f"{name} on x of shape {tuple(x.shape)}, token_positions=None"
+    _compare(_forward(module, x, None, what), x, weights, _THETA, None, _STRUCTURE_VARIANTS + _ROPE_VARIANTS, what,
+             **tolerance)
+    # Uneven positions (two packed documents, gaps): a uniform shift would change nothing, RoPE being relative.
+    positions = torch.tensor([[0, 1, 2, 3, 4], [0, 1, 2, 0, 1], [2, 3, 7, 8, 15]])
+    what = f"{name} on x of shape {tuple(x.shape)}, token_positions {positions.tolist()}"
+    _compare(_forward(module, x, positions, what), x, weights, _THETA, positions,
+             _POSITION_VARIANTS + _ROPE_VARIANTS + _STRUCTURE_VARIANTS, what, **tolerance)
+    x = _inputs(gen, (2, 2))
+    positions = torch.tensor([3, 4, 6, 9, 10])
+    what = f"{name} on x of shape {tuple(x.shape)}, token_positions {positions.tolist()} (shared by every sequence)"
+    _compare(_forward(module, x, positions, what), x, weights, _THETA, positions,
+             _POSITION_VARIANTS + _ROPE_VARIANTS + _STRUCTURE_VARIANTS, what, **tolerance)
+
+
+def _check_gradients(impl: Any, gen: torch.Generator) -> None:
+    """x.grad and every projection's weight.grad equal the reference's (float64, with RoPE)."""
+    weights = _known_weights(gen)
+    module = _make(impl, _D_MODEL, _HEADS, _MAX_SEQ_LEN, _THETA, dtype=torch.float64)
+    _load(module, weights)
+    x = _inputs(gen, (2,)).requires_grad_()
+    upstream = torch.randn(2, _SEQ, _D_MODEL, generator=gen, dtype=torch.float64)
+    what = f"{_NAME} with RoPE on x of shape {tuple(x.shape)}"
+    out = _forward(module, x, None, what)
+    if not out.requires_grad:
+        fail(f"{_NAME}'s output carries no gradient (computed under torch.no_grad(), or from .detach()/.data)",
+             "compute it from the projections and x directly, so that autograd can follow")
+    call(f"the backward pass of {what}", lambda: (out * upstream).sum().backward())
+    ref_x = x.detach().clone().requires_grad_()
+    ref_w = {name: w.clone().requires_grad_() for name, w in weights.items()}
+    (_mhsa_differentiable(ref_x, ref_w) * upstream).sum().backward()
+    tolerance = dict(rtol=1e-6, atol=1e-6)
+    for name in _PROJECTIONS:
+        grad = getattr(module, name).weight.grad
+        if grad is None:
+            fail(f"no gradient reaches {name}.weight", "use the projection itself in forward (no .detach() or .data)")
+        if not close(grad, ref_w[name].grad, **tolerance):
+            fail(f"{name}.weight.grad differs from the reference's", "build the output from differentiable torch "
+                 "operations only (no .item(), .detach(), .data or in-place changes)", f"on {what}")
+    if x.grad is None or not close(x.grad, ref_x.grad, **tolerance):
+        fail("the gradient with respect to the input x differs from the reference's",
+             "do not detach x or any intermediate result", f"on {what}")
+
+
+def _mhsa_differentiable(x: Tensor, weights: dict[str, Tensor]) -> Tensor:
+    """The reference with RoPE at default positions, keeping the graph to x and the weights."""
+    seq = x.shape[-2]
+    q, k, v = (_split(F.linear(x, weights[name]), _HEADS, "right") for name in ("q_proj", "k_proj", "v_proj"))
+    positions = torch.arange(seq).unsqueeze(-2)
+    q, k = _rotate(q, positions, _THETA), _rotate(k, positions, _THETA)
+    return F.linear(_merge(_SDPA(q, k, v, is_causal=True), "right"), weights["output_proj"])
+
+
+def _check_fused(impl: Any, gen: torch.Generator) -> None:
+    """If the class takes ``fused``, fused=True must give the same output (through any kernel it likes)."""
+    if "fused" not in inspect.signature(impl.__init__).parameters:
+        return
+    weights = _known_weights(gen)
+    module = _make(impl, _D_MODEL, _HEADS, _MAX_SEQ_LEN, _THETA, dtype=torch.float64, fused=True)
+    _load(module, weights)
+    x = _inputs(gen, (2,))
+    out = call(f"{_NAME}(..., fused=True) on x of shape {tuple(x.shape)}", module, x)
+    if not close(out, _mhsa(x, weights, _HEADS, _THETA), rtol=1e-6, atol=1e-6):
+        fail(f"{_NAME}(..., fused=True) differs from the reference, though the default path matches it",
+             "with fused=True, replace only the attention step: F.scaled_dot_product_attention(q, k, v, is_causal=True) "
+             "on the same (rotated) heads")
+
+
+def check_multihead_self_attention(impl: Callable[..., Any]) -> None:
+    """Check the learner's ``MultiHeadSelfAttention`` class; print one line if right, else raise ``AssertionError``.
+
+    Checked: the signature ``(d_model, num_heads, max_seq_len=None, theta=None, device=None, dtype=None)``; the
+    parameters exactly ``q_proj.weight``, ``k_proj.weight``, ``v_proj.weight``, ``output_proj.weight``
+    (d_model × d_model, no bias), with and without RoPE (its tables are not saved); Linear's initialisation;
+    ``device`` and ``dtype`` honoured (RoPE's tables too); then, with known weights loaded by name, the output
+    against a reference built from ``F.linear`` and ``F.scaled_dot_product_attention(is_causal=True)``
+    (d_model 12 in 3 heads, 5 tokens; leading shapes (), (2,), (2, 3), (2, 2); float64 and float32), with RoPE
+    (θ = 10000) at the default positions, at uneven per-sequence positions and at positions shared by the batch;
+    the gradients of x and of every weight; ``fused=True`` if the class takes it. The default path may not call
+    ``F.scaled_dot_product_attention``. Inputs come from a fixed seed; the caller's random state is kept.
+
+    Mistakes it recognises (by name, in the first line of the error):
+        * heads split without the transpose (a reshape straight to (..., heads, seq, d_k));
+        * heads merged without the transpose; heads that take strided features ((d_k heads));
+        * not causal; the causal mask flipped (the future); the diagonal masked;
+        * scores scaled by 1/√d_model instead of 1/√d_k;
+        * RoPE applied to V too; RoPE applied before splitting the heads (d_k = d_model, a different rotation per
+          head); RoPE missing, or on Q or K only;
+        * token_positions ignored; token_positions without a head axis (positions lined up with the heads);
+        * output_proj missing, or not applied; one fused qkv projection; projections that are one shared Linear;
+          nn.MultiheadAttention inside;
+        * wrong parameter names or shapes, a bias, RoPE tables saved in the state dict;
+        * F.scaled_dot_product_attention in the default path; device/dtype ignored; projections with identical
+          or uninitialised weights; no gradient (detached computations).
+    """
+    with torch.random.fork_rng(devices=[]):
+        _check_structure(impl)
+        _check_init(impl)
+        _check_devices(impl)
+        gen = generator(0)
+        _check_without_rope(impl, gen)
+        _check_with_rope(impl, gen)
+        _check_gradients(impl, gen)
+        _check_fused(impl, gen)
+    passed(f"check_multihead_self_attention: q/k/v/output_proj, no bias; matches F.linear + "
+           "F.scaled_dot_product_attention(is_causal=True) with known weights (4 leading shapes, float32/64), "
+           "with RoPE on Q and K (default, uneven and shared positions); gradients"
+           + ("; fused=True" if "fused" in inspect.signature(impl.__init__).parameters else ""))

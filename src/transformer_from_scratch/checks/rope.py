@@ -1,0 +1,286 @@
+"""``check_rope``: the learner's ``RotaryPositionalEmbedding`` (notebook 06) against an independent rotation
+written with complex numbers (``torch.polar``), its tables, its buffers, its gradients and half precision."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from ._harness import call, check_signature, close, describe, fail, generator, passed
+
+_NAME = "RotaryPositionalEmbedding"
+_THETA, _D_K, _MAX_SEQ_LEN = 10000.0, 16, 64
+# Generous for float32 tables: an angle of ~60 radians is itself only good to a few 1e-6 in float32.
+_TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
+_PAIRS = "(x[2k], x[2k+1])"
+
+Variant = Callable[[Tensor, Tensor, float], Tensor]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The reference and the classic wrong variants, in float64 on the CPU
+# ---------------------------------------------------------------------------------------------------------
+
+def _frequencies(d_k: int, theta: float, exponent: Callable[[Tensor, int], Tensor]) -> Tensor:
+    k = torch.arange(d_k // 2, dtype=torch.float64)
+    return theta ** exponent(k, d_k)
+
+
+def _right_exponent(k: Tensor, d_k: int) -> Tensor:
+    return -2 * k / d_k
+
+
+def _angles(positions: Tensor, d_k: int, theta: float, exponent=_right_exponent) -> Tensor:
+    """(..., seq, d_k/2): position i times the frequency of pair k."""
+    return positions.double()[..., None] * _frequencies(d_k, theta, exponent)
+
+
+def _rotate_complex(x: Tensor, angles: Tensor) -> Tensor:
+    """Pair k = (x[2k], x[2k+1]) read as the complex number x[2k] + i·x[2k+1], times e^{i·angle}."""
+    x = x.detach().cpu().double()
+    pairs = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
+    rotated = pairs * torch.polar(torch.ones_like(angles), angles)
+    return torch.view_as_real(rotated).reshape(x.shape)
+
+
+def _reference(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    return _rotate_complex(x, _angles(positions.cpu(), x.shape[-1], theta))
+
+
+def _half_split(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """Pairs (x[k], x[k + d_k/2]), as Hugging Face's Llama (rotate_half) does."""
+    d_k = x.shape[-1]
+    to_interleaved = torch.stack((torch.arange(d_k // 2), torch.arange(d_k // 2, d_k)), dim=-1).flatten()
+    out = torch.empty(x.shape, dtype=torch.float64)
+    out[..., to_interleaved] = _reference(x[..., to_interleaved], positions, theta)
+    return out
+
+
+def _written_back_half_split(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """The right pairs, rotated right, but returned as torch.cat((evens, odds)) instead of interleaved."""
+    rotated = _reference(x, positions, theta)
+    return torch.cat((rotated[..., 0::2], rotated[..., 1::2]), dim=-1)
+
+
+def _wrong_direction(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    return _rotate_complex(x, -_angles(positions.cpu(), x.shape[-1], theta))
+
+
+def _exponent_k_over_d(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    return _rotate_complex(x, _angles(positions.cpu(), x.shape[-1], theta, lambda k, d: -k / d))
+
+
+def _positive_exponent(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    return _rotate_complex(x, _angles(positions.cpu(), x.shape[-1], theta, lambda k, d: 2 * k / d))
+
+
+def _positions_ignored(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    return _reference(x, torch.arange(x.shape[-2]).expand(positions.shape), theta)
+
+
+def _theta_ignored(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    return _reference(x, positions, 10000.0)
+
+
+_VARIANTS: list[tuple[Variant, str, str]] = [
+    (_half_split, f"it rotates half-split pairs (x[k], x[k + d_k/2]), as Hugging Face's Llama does, instead of "
+                  f"the interleaved pairs {_PAIRS} the course fixes",
+     "take x[..., 0::2] and x[..., 1::2] as the two members of each pair (or rearrange "
+     "'... (half two) -> ... half two', two=2), and write the result back interleaved"),
+    (_written_back_half_split, "the rotated pairs are written back half-split (all the first members, then all the "
+                               "second members, as torch.cat does) instead of interleaved",
+     "put each rotated pair back at 2k and 2k+1: torch.stack((even, odd), dim=-1).flatten(-2) "
+     "(or rearrange '... half two -> ... (half two)'), not torch.cat((even, odd), dim=-1)"),
+    (_wrong_direction, "it rotates in the wrong direction (the sign of sin is flipped)",
+     "rotate counter-clockwise: x'[2k] = x[2k]·cos − x[2k+1]·sin, x'[2k+1] = x[2k]·sin + x[2k+1]·cos"),
+    (_exponent_k_over_d, "the frequencies use the exponent k/d_k instead of 2k/d_k",
+     "pair k turns by theta^(-2k/d_k) per token: the exponents are torch.arange(0, d_k, 2) / d_k "
+     "(not torch.arange(d_k // 2) / d_k)"),
+    (_positive_exponent, "the frequencies are theta^(+2k/d_k) instead of theta^(-2k/d_k), so the last pairs spin "
+                         "fastest instead of slowest",
+     "divide by theta^(2k/d_k): 1.0 / theta ** (torch.arange(0, d_k, 2) / d_k)"),
+    (_positions_ignored, "it ignores token_positions and rotates the tokens by 0, 1, 2, … (their index in x)",
+     "look the angles up at the given positions: self.cos_table[token_positions], not torch.arange(seq)"),
+    (_theta_ignored, "it ignores theta and always uses 10000",
+     "build the frequencies from the theta passed to __init__"),
+]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Running the learner's module
+# ---------------------------------------------------------------------------------------------------------
+
+def _shapes(x: Tensor, positions: Tensor) -> str:
+    return f"x {tuple(x.shape)}, token_positions {tuple(positions.shape)}"
+
+
+def _build(impl: type, theta: float = _THETA, d_k: int = _D_K, max_seq_len: int = _MAX_SEQ_LEN, **kwargs: Any) -> nn.Module:
+    extra = "".join(f", {key}={value!r}" for key, value in kwargs.items())
+    return call(f"{_NAME}({theta}, {d_k}, {max_seq_len}{extra})", impl, theta, d_k, max_seq_len, **kwargs)
+
+
+def _run(rope: nn.Module, x: Tensor, positions: Tensor) -> Tensor:
+    """The learner's output, checked to be one tensor of x's shape and dtype."""
+    what = f"forward({_shapes(x, positions)})"
+    out = call(what, rope, x, positions)
+    if not isinstance(out, Tensor):
+        fail(f"{what} returned {describe(out)}, not a tensor", "return the rotated x, of the same shape as x")
+    if out.shape != x.shape:
+        fail(f"{what} returned shape {tuple(out.shape)}, expected x's shape {tuple(x.shape)}",
+             "rotate the pairs in place of x: same leading dimensions, same seq, same d_k "
+             "(the leading dimensions of token_positions broadcast against x's)")
+    if out.dtype != x.dtype:
+        fail(f"{what} returned {out.dtype} for a {x.dtype} input: multiplying by the float32 tables promoted it",
+             "cast the looked-up tables to x's dtype first, cos = self.cos_table[token_positions].to(x.dtype)")
+    return out
+
+
+def _compare(rope: nn.Module, x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """The learner's output on (x, positions); fail naming the wrong variant it matches, if any."""
+    out = _run(rope, x, positions)
+    expected = _reference(x, positions, theta)
+    if close(out.double(), expected, **_TOLERANCE):
+        return out
+    for variant, mistake, fix in _VARIANTS:
+        wrong = variant(x, positions, theta)
+        if not close(wrong, expected, **_TOLERANCE) and close(out.double(), wrong, **_TOLERANCE):
+            fail(mistake, fix, f"on {_shapes(x, positions)}, theta={theta}: your output matches that variant")
+    if close(out.double(), x.double(), **_TOLERANCE):
+        fail("it returns x unchanged (nothing is rotated)",
+             "rotate each pair (x[2k], x[2k+1]) by the angle i / theta^(2k/d_k) of its token's position i")
+    diff = (out.detach().double().cpu() - expected).abs().nan_to_num(nan=float("inf")).max().item()
+    fail(f"the output differs from the rotation by up to {diff:.3g} on {_shapes(x, positions)}, theta={theta}",
+         f"rotate each pair {_PAIRS} of the token at position i by i / theta^(2k/d_k), k = 0 … d_k/2 - 1",
+         f"first token, expected {[round(v, 4) for v in expected.reshape(-1, x.shape[-1])[0].tolist()]}, "
+         f"yours {[round(v, 4) for v in out.detach().reshape(-1, x.shape[-1])[0].double().tolist()]}")
+
+
+def _check_structure(impl: type) -> nn.Module:
+    """No parameters, nothing in the state dict, tables registered as buffers (so .to() moves them)."""
+    check_signature(impl, ["theta", "d_k", "max_seq_len", "device"], _NAME)
+    rope = _build(impl)
+    if not isinstance(rope, nn.Module):
+        fail(f"{_NAME}(...) built {describe(rope)}, not an nn.Module", "subclass torch.nn.Module")
+    parameters = [name for name, _ in rope.named_parameters()]
+    if parameters:
+        fail(f"{_NAME} has learnable parameters {parameters}, but RoPE's angles are fixed by the formula",
+             "store the cos/sin tables with self.register_buffer(name, table, persistent=False), not nn.Parameter")
+    saved = list(rope.state_dict())
+    if saved:
+        fail(f"{_NAME} saves {saved} in its state dict, so the course's checkpoints no longer load with strict=True",
+             "register the tables with register_buffer(..., persistent=False): they are rebuilt from the formula")
+    buffers = {id(b) for b in rope.buffers()}
+    plain = [name for name, value in vars(rope).items() if isinstance(value, Tensor) and id(value) not in buffers]
+    if plain:
+        fail(f"the tables {plain} are plain tensor attributes, so model.to('cuda') leaves them behind on the CPU",
+             "register them with self.register_buffer(name, table, persistent=False)")
+    meta = _build(impl, device="meta")
+    elsewhere = [name for name, b in meta.named_buffers() if b.device.type != "meta"]
+    if elsewhere:
+        fail(f"{_NAME} ignores its device argument ({elsewhere[0]} was created on "
+             f"{dict(meta.named_buffers())[elsewhere[0]].device})",
+             "create the tables there: .to(device) them (or pass device=device) before register_buffer")
+    return rope
+
+
+def _check_every_position(impl: type, gen: torch.Generator) -> None:
+    """Positions up to max_seq_len - 1 work, for a max_seq_len larger than d_k and than the defaults."""
+    max_seq_len = 200
+    rope = _build(impl, max_seq_len=max_seq_len)
+    positions = torch.tensor([0, 1, max_seq_len // 2, max_seq_len - 2, max_seq_len - 1])
+    x = torch.randn(positions.shape[0], _D_K, generator=gen)
+    try:
+        _compare(rope, x, positions, _THETA)
+    except AssertionError as error:
+        if isinstance(error.__cause__, (IndexError, RuntimeError)) and "index" in str(error.__cause__).lower():
+            fail(f"the tables do not cover every position 0 … max_seq_len - 1 (here max_seq_len={max_seq_len})",
+                 "build them from torch.arange(max_seq_len), one row per position",
+                 f"positions {positions.tolist()} raised {type(error.__cause__).__name__}: {error.__cause__}")
+        raise
+
+
+def _check_gradients(rope: nn.Module, gen: torch.Generator) -> None:
+    """The gradient reaching x is the reference's (the inverse rotation of the upstream gradient)."""
+    x = torch.randn(2, 6, _D_K, generator=gen, dtype=torch.float64).requires_grad_()
+    positions = torch.randint(0, _MAX_SEQ_LEN, (2, 6), generator=gen)
+    out = _run(rope, x, positions)
+    upstream = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    if out.requires_grad:
+        call(f"the backward pass of forward({_shapes(x, positions)})", lambda: (out * upstream).sum().backward())
+    if x.grad is None:
+        fail("no gradient reaches x", "do not .detach() or use .data / torch.no_grad() in forward: "
+             "the queries' and keys' projections learn through this rotation")
+    expected = _rotate_complex(upstream, -_angles(positions, _D_K, _THETA))  # a rotation's transpose undoes it
+    if not close(x.grad, expected, **_TOLERANCE):
+        fail("the gradient of x differs from the rotation's", "build the output from differentiable torch "
+             "operations on x only (no in-place changes of x)", f"on {_shapes(x, positions)}")
+
+
+def _check_half(rope: nn.Module, gen: torch.Generator) -> None:
+    """bfloat16 and float16 inputs keep their dtype and are rotated to within a few rounding steps."""
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.randn(3, 8, _D_K, generator=gen).to(dtype)
+        positions = torch.randint(0, _MAX_SEQ_LEN, (8,), generator=gen)
+        out = _run(rope, x, positions)
+        tolerance = 5 * torch.finfo(dtype).eps
+        if not close(out.double(), _reference(x, positions, _THETA), rtol=tolerance, atol=tolerance):
+            mistake = f"{dtype} inputs are rotated wrongly (more than a few rounding steps off)"
+            if close(out.double(), _rotate_complex(x, _angles(positions, _D_K, _THETA).to(dtype).double()),
+                     rtol=tolerance, atol=tolerance):
+                off = 16 * torch.finfo(dtype).eps  # half a rounding step at 32 … 64
+                mistake = (f"the angles are rounded to {dtype} before cos and sin (an angle near 60 radians is then "
+                           f"off by up to {off:.3g})")
+            fail(mistake, "compute the angles and their cos and sin in float32 (or float64), and cast only the "
+                 "looked-up cos and sin to x's dtype", f"on {_shapes(x, positions)}")
+
+
+def check_rope(impl: type) -> None:
+    """Check ``RotaryPositionalEmbedding(theta, d_k, max_seq_len, device=None)`` against an independent rotation.
+
+    The reference reads pair k = (x[2k], x[2k+1]) as the complex number x[2k] + i·x[2k+1] and multiplies it by
+    ``torch.polar(1, i / theta^(2k/d_k))`` for the token at position i.
+
+    What it checks: the signature; no parameters and an empty state dict (non-persistent buffers) with the tables
+    registered as buffers and created on the ``device`` given; the output (shape, dtype, values) for x of 2-D to
+    4-D with token_positions (seq,), (batch, seq) and broadcast (batch, 1, seq), in float32 and float64, with
+    positions in any order and repeated, two values of theta; every position up to max_seq_len - 1; the gradient
+    reaching x; bfloat16 and float16 inputs. Inputs come from a fixed seed on the CPU.
+
+    Mistakes it recognises:
+        * half-split pairs (x[k], x[k + d_k/2]) (Hugging Face's rotate_half) instead of interleaved pairs;
+        * rotated pairs written back half-split (torch.cat of evens and odds) instead of interleaved;
+        * rotating in the wrong direction (the sign of sin flipped);
+        * frequencies with the exponent k/d_k instead of 2k/d_k, or theta^(+2k/d_k) instead of theta^(-2k/d_k);
+        * token_positions ignored (torch.arange(seq) used instead); theta ignored (10000 hard-coded);
+        * x returned unchanged;
+        * learnable parameters (nn.Parameter tables); persistent buffers (the tables in the state dict);
+          tables kept as plain tensor attributes (they do not follow .to(device)); the device argument ignored;
+        * tables that do not cover every position up to max_seq_len - 1;
+        * the output promoted to float32 by the float32 tables (bfloat16 / float16 inputs); the angles
+          rounded to bfloat16 / float16 before cos and sin;
+        * no gradient reaching x (a detached computation).
+    """
+    rope = _check_structure(impl)
+    gen = generator(0)
+
+    # Positions 0 … seq-1 first (the simplest call), then positions in any order, repeated, per sequence.
+    x = torch.randn(6, _D_K, generator=gen)
+    _compare(rope, x, torch.arange(6), _THETA)
+    shuffled = torch.tensor([5, 17, 0, 63, 17, 2, 40])
+    for leading, positions in [((), shuffled), ((3,), shuffled), ((2, 4), shuffled),
+                               ((3,), torch.randint(0, _MAX_SEQ_LEN, (3, 7), generator=gen)),
+                               ((2, 4), torch.randint(0, _MAX_SEQ_LEN, (2, 1, 7), generator=gen))]:
+        for dtype in (torch.float32, torch.float64):
+            x = torch.randn(*leading, 7, _D_K, generator=gen, dtype=dtype)
+            _compare(rope, x, positions, _THETA)
+
+    # Another theta and another d_k, and every position up to max_seq_len - 1.
+    _compare(_build(impl, 500.0, 8, 32), torch.randn(2, 5, 8, generator=gen), torch.tensor([3, 1, 4, 30, 9]), 500.0)
+    _check_every_position(impl, gen)
+    _check_gradients(rope, gen)
+    _check_half(rope, gen)
+    passed(f"check_rope: {_NAME} matches an independent complex rotation (torch.polar): interleaved pairs, "
+           "2-D to 4-D inputs, broadcast token_positions, float32/float64/bfloat16/float16, two thetas, every "
+           "position < max_seq_len, gradients, no parameters, empty state dict")

@@ -1,0 +1,70 @@
+# Generated from notebooks/06_rope.ipynb by `make export`: edit the notebook, not this file.
+# A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
+# body-sha256: 68501d2276806a001824df42e69dcb321c0cbec4a65f0a8dac8108eb442486e8
+
+import torch
+from beartype import beartype
+from einops import rearrange
+from jaxtyping import Float, Int, jaxtyped
+from torch import Tensor, nn
+
+
+def _checked_positions(token_positions: Tensor, max_seq_len: int) -> Tensor:
+    """token_positions as int64, after checking that every position lies in [0, max_seq_len).
+
+    Raises ValueError naming the smallest and largest position found. Without the check, a negative position
+    would silently read the tables from their end, and one past the end fails (asynchronously, on a GPU).
+    """
+    if token_positions.numel() > 0:
+        low, high = torch.stack(torch.aminmax(token_positions)).tolist()  # one read-back from the device
+        if low < 0 or high >= max_seq_len:
+            raise ValueError(f"RotaryPositionalEmbedding: token_positions must lie in [0, max_seq_len) = "
+                             f"[0, {max_seq_len}), got values from {low} to {high}")
+    return token_positions.long()  # int8 and int16 tensors cannot index a table
+
+
+class RotaryPositionalEmbedding(nn.Module):
+    """Rotary position embedding: rotate each pair (x[2k], x[2k+1]) by an angle that grows with the position.
+
+    The token at position i has pair k rotated by θ_{i,k} = i / theta^(2k/d_k), k = 0 … d_k/2 - 1. Applied to
+    queries and keys (never values), it makes the score q_m · k_n depend on the positions only through m - n.
+    No parameters: cos and sin of every angle are computed once, two (max_seq_len, d_k/2) tables kept as the
+    non-persistent buffers cos_table and sin_table (they follow .to(device), stay out of the state dict).
+
+    Args:
+        theta: the base Θ of the frequencies (10,000 in RoFormer and Llama).
+        d_k: size of the vectors to rotate (a head's query/key size); even.
+        max_seq_len: positions 0 … max_seq_len - 1 are supported.
+        device: where the tables live.
+    """
+
+    def __init__(self, theta: float, d_k: int, max_seq_len: int, device: torch.device | str | None = None):
+        super().__init__()
+        if d_k <= 0 or d_k % 2 != 0 or max_seq_len <= 0 or theta <= 0:
+            raise ValueError(f"RotaryPositionalEmbedding needs an even d_k > 0 (RoPE rotates pairs), max_seq_len > 0 "
+                             f"and theta > 0, got theta={theta}, d_k={d_k}, max_seq_len={max_seq_len}")
+        self.theta, self.d_k, self.max_seq_len = theta, d_k, max_seq_len
+        inverse_frequencies = theta ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)   # (d_k/2,)
+        angles = torch.arange(max_seq_len, dtype=torch.float64)[:, None] * inverse_frequencies  # (max_seq_len, d_k/2)
+        self.register_buffer("cos_table", angles.cos().to(device=device, dtype=torch.float32), persistent=False)
+        self.register_buffer("sin_table", angles.sin().to(device=device, dtype=torch.float32), persistent=False)
+
+    @jaxtyped(typechecker=beartype)
+    def forward(
+        self, x: Float[Tensor, "*batch seq d_k"], token_positions: Int[Tensor, "*#batch seq"]
+    ) -> Float[Tensor, "*batch seq d_k"]:
+        """Rotate each token's pairs by the angles of its position: same shape and dtype as x (..., seq, d_k).
+
+        token_positions (..., seq): integers in [0, max_seq_len); its leading dimensions broadcast against x's,
+        so one (seq,) vector serves a whole batch and (batch, 1, seq) serves every head. Raises ValueError for
+        a position outside the table or a last dimension != d_k, TypeCheckError for shapes that do not fit.
+        """
+        if x.shape[-1] != self.d_k:
+            raise ValueError(f"RotaryPositionalEmbedding: x's last dimension must be d_k={self.d_k}, "
+                             f"got x of shape {tuple(x.shape)}")
+        token_positions = _checked_positions(token_positions, self.max_seq_len)
+        cos = self.cos_table[token_positions].to(x.dtype)  # (..., seq, d_k/2): one angle per token and pair
+        sin = self.sin_table[token_positions].to(x.dtype)
+        x_even, x_odd = rearrange(x, "... (half two) -> two ... half", two=2)  # pair k = (x[2k], x[2k+1])
+        rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
+        return rearrange(rotated, "... half two -> ... (half two)")

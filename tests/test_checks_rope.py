@@ -1,0 +1,232 @@
+"""check_rope passes the reference and names each classic mistake, planted here as a small wrong RoPE."""
+
+import pytest
+import torch
+from torch import nn
+
+from transformer_from_scratch import RotaryPositionalEmbedding
+from transformer_from_scratch.checks import check_rope
+
+
+class Rope(nn.Module):
+    """A plain RoPE written for these tests, with one knob per classic mistake (all off: it is right)."""
+
+    def __init__(self, theta, d_k, max_seq_len, device=None, *, exponent=lambda k, d: -2 * k / d,
+                 table_length=None, register="buffer"):
+        super().__init__()
+        self.theta = theta
+        k = torch.arange(d_k // 2, dtype=torch.float64)
+        angles = torch.arange(table_length or max_seq_len, dtype=torch.float64)[:, None] * theta ** exponent(k, d_k)
+        cos, sin = angles.cos().float().to(device), angles.sin().float().to(device)
+        if register == "parameter":
+            self.cos_table, self.sin_table = nn.Parameter(cos), nn.Parameter(sin)
+        elif register == "attribute":
+            self.cos_table, self.sin_table = cos, sin
+        else:
+            self.register_buffer("cos_table", cos, persistent=register == "persistent")
+            self.register_buffer("sin_table", sin, persistent=register == "persistent")
+
+    def tables(self, x, token_positions):
+        return self.cos_table[token_positions].to(x.dtype), self.sin_table[token_positions].to(x.dtype)
+
+    def pairs(self, x):
+        return x[..., 0::2], x[..., 1::2]
+
+    def rotate(self, even, odd, cos, sin):
+        return even * cos - odd * sin, even * sin + odd * cos
+
+    def write_back(self, even, odd):
+        return torch.stack((even, odd), dim=-1).flatten(-2)
+
+    def forward(self, x, token_positions):
+        cos, sin = self.tables(x, token_positions)
+        return self.write_back(*self.rotate(*self.pairs(x), cos, sin))
+
+
+class Right(Rope):
+    pass
+
+
+class HalfSplit(Rope):
+    def pairs(self, x):
+        return x.chunk(2, dim=-1)
+
+    def write_back(self, first, second):
+        return torch.cat((first, second), dim=-1)
+
+
+class WrittenBackHalfSplit(Rope):
+    def write_back(self, even, odd):
+        return torch.cat((even, odd), dim=-1)
+
+
+class WrongDirection(Rope):
+    def rotate(self, even, odd, cos, sin):
+        return even * cos + odd * sin, -even * sin + odd * cos
+
+
+class ExponentKOverD(Rope):
+    def __init__(self, theta, d_k, max_seq_len, device=None):
+        super().__init__(theta, d_k, max_seq_len, device, exponent=lambda k, d: -k / d)
+
+
+class PositiveExponent(Rope):
+    def __init__(self, theta, d_k, max_seq_len, device=None):
+        super().__init__(theta, d_k, max_seq_len, device, exponent=lambda k, d: 2 * k / d)
+
+
+class PositionsIgnored(Rope):
+    def tables(self, x, token_positions):
+        return super().tables(x, torch.arange(x.shape[-2]))
+
+
+class ThetaIgnored(Rope):
+    def __init__(self, theta, d_k, max_seq_len, device=None):
+        super().__init__(10000.0, d_k, max_seq_len, device)
+
+
+class Identity(Rope):
+    def forward(self, x, token_positions):
+        return x.clone()
+
+
+class LearnableTables(Rope):
+    def __init__(self, theta, d_k, max_seq_len, device=None):
+        super().__init__(theta, d_k, max_seq_len, device, register="parameter")
+
+
+class PersistentBuffers(Rope):
+    def __init__(self, theta, d_k, max_seq_len, device=None):
+        super().__init__(theta, d_k, max_seq_len, device, register="persistent")
+
+
+class PlainAttributes(Rope):
+    def __init__(self, theta, d_k, max_seq_len, device=None):
+        super().__init__(theta, d_k, max_seq_len, device, register="attribute")
+
+
+class DeviceIgnored(Rope):
+    def __init__(self, theta, d_k, max_seq_len, device=None):
+        super().__init__(theta, d_k, max_seq_len)
+
+
+class TablesTooShort(Rope):
+    def __init__(self, theta, d_k, max_seq_len, device=None):
+        super().__init__(theta, d_k, max_seq_len, device, table_length=64)  # a fixed size, not max_seq_len
+
+
+class PromotedToFloat32(Rope):
+    def tables(self, x, token_positions):
+        return self.cos_table[token_positions], self.sin_table[token_positions]
+
+
+class AnglesInHalfPrecision(Rope):
+    def tables(self, x, token_positions):
+        k = torch.arange(self.cos_table.shape[-1], dtype=torch.float64)
+        angles = (token_positions.double()[..., None] * self.theta ** (-k / self.cos_table.shape[-1])).to(x.dtype)
+        return angles.cos(), angles.sin()
+
+
+class Detached(Rope):
+    def forward(self, x, token_positions):
+        return super().forward(x.detach(), token_positions)
+
+
+class WrongSignature(Rope):
+    def __init__(self, d_k, theta, max_seq_len, device=None):
+        super().__init__(theta, d_k, max_seq_len, device)
+
+
+MUTANTS = {
+    "half-split pairs": (HalfSplit, "half-split pairs (x[k], x[k + d_k/2])"),
+    "written back half-split": (WrittenBackHalfSplit, "written back half-split"),
+    "wrong direction": (WrongDirection, "wrong direction"),
+    "exponent k/d": (ExponentKOverD, "exponent k/d_k instead of 2k/d_k"),
+    "theta^(+2k/d)": (PositiveExponent, "theta^(+2k/d_k)"),
+    "positions ignored": (PositionsIgnored, "ignores token_positions"),
+    "theta ignored": (ThetaIgnored, "ignores theta"),
+    "identity": (Identity, "returns x unchanged"),
+    "learnable tables": (LearnableTables, "learnable parameters"),
+    "persistent buffers": (PersistentBuffers, "in its state dict"),
+    "plain attributes": (PlainAttributes, "plain tensor attributes"),
+    "device ignored": (DeviceIgnored, "ignores its device argument"),
+    "tables too short": (TablesTooShort, "do not cover every position"),
+    "promoted to float32": (PromotedToFloat32, "promoted it"),
+    "angles in half precision": (AnglesInHalfPrecision, "angles are rounded to"),
+    "detached": (Detached, "no gradient reaches x"),
+    "wrong signature": (WrongSignature, "signature is (d_k, theta"),
+}
+
+
+@pytest.mark.parametrize("impl", [RotaryPositionalEmbedding, Right], ids=["reference", "test's own"])
+def test_right_implementations_pass_with_one_line(impl, capsys):
+    assert check_rope(impl) is None
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("✓ check_rope")
+
+
+def test_tables_recomputed_in_every_call_are_fine():
+    class Recomputes(nn.Module):
+        def __init__(self, theta, d_k, max_seq_len, device=None):
+            super().__init__()
+            self.theta, self.d_k = theta, d_k
+
+        def forward(self, x, token_positions):
+            k = torch.arange(self.d_k // 2, dtype=torch.float64)
+            angles = token_positions.double()[..., None] * self.theta ** (-2 * k / self.d_k)
+            cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+            even, odd = x[..., 0::2], x[..., 1::2]
+            return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+    check_rope(Recomputes)
+
+
+def test_random_state_is_left_as_it_was():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    check_rope(RotaryPositionalEmbedding)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_messages_are_distinct():
+    phrases = [phrase for _, phrase in MUTANTS.values()]
+    assert len(set(phrases)) == len(phrases)
+
+
+@pytest.mark.parametrize("mutant, phrase", MUTANTS.values(), ids=list(MUTANTS))
+def test_each_mistake_gets_its_own_verdict(mutant, phrase):
+    with pytest.raises(AssertionError) as error:
+        check_rope(mutant)
+    first = str(error.value).splitlines()[0]
+    assert phrase in first, first
+    for other_mutant, other in MUTANTS.values():
+        if other_mutant is not mutant:
+            assert other not in first, f"{first!r} also names {other!r}"
+
+
+class Stub(nn.Module):
+    def __init__(self, theta, d_k, max_seq_len, device=None):
+        super().__init__()
+        raise NotImplementedError()
+
+
+class ForwardStub(RotaryPositionalEmbedding):
+    def forward(self, x, token_positions):
+        raise NotImplementedError()
+
+
+@pytest.mark.parametrize("stub", [Stub, ForwardStub], ids=["__init__", "forward"])
+def test_a_stub_is_not_written_yet(stub):
+    with pytest.raises(AssertionError, match="not written yet"):
+        check_rope(stub)
+
+
+def test_a_crash_names_what_crashed():
+    class Crashes(RotaryPositionalEmbedding):
+        def forward(self, x, token_positions):
+            raise RuntimeError("boom")
+
+    with pytest.raises(AssertionError) as error:
+        check_rope(Crashes)
+    assert "raised RuntimeError (boom)" in str(error.value).splitlines()[0]
