@@ -14,5 +14,7 @@ from .attention import scaled_dot_product_attention
 from .rope import RotaryPositionalEmbedding
 from .swiglu import SwiGLU, silu, swiglu_hidden_size
 from .multihead_attention import MultiHeadSelfAttention
+from .transformer_block import TransformerBlock
+from .transformer_lm import TransformerLM, count_resources, generate, next_token_distribution
 
-__all__ = ["Linear", "Embedding", "softmax", "RMSNorm", "scaled_dot_product_attention", "RotaryPositionalEmbedding", "silu", "SwiGLU", "swiglu_hidden_size", "MultiHeadSelfAttention"]
+__all__ = ["Linear", "Embedding", "softmax", "RMSNorm", "scaled_dot_product_attention", "RotaryPositionalEmbedding", "silu", "SwiGLU", "swiglu_hidden_size", "MultiHeadSelfAttention", "TransformerBlock", "TransformerLM", "count_resources", "next_token_distribution", "generate"]

@@ -21,6 +21,8 @@ from .rmsnorm import check_rmsnorm
 from .rope import check_rope
 from .softmax import check_softmax
 from .swiglu import check_silu, check_swiglu
+from .transformer_block import check_transformer_block
+from .transformer_lm import check_transformer_lm
 
 __all__ = [
     "check_linear",
@@ -32,4 +34,6 @@ __all__ = [
     "check_silu",
     "check_swiglu",
     "check_multihead_self_attention",
+    "check_transformer_block",
+    "check_transformer_lm",
 ]

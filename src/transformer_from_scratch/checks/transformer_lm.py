@@ -1,0 +1,386 @@
+"""``check_transformer_lm``: the learner's ``TransformerLM`` (notebook 10), loaded with known weights by the course's
+state-dict names, against a reference written here from PyTorch built-ins (``F.embedding``, ``F.rms_norm``,
+``F.linear``, ``F.scaled_dot_product_attention(is_causal=True)``, ``F.silu``, RoPE as a complex product): independent
+of the package's own components."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._harness import (call, check_device_and_dtype, check_parameters, check_signature, close, describe, fail,
+                       generator, passed)
+
+_NAME = "TransformerLM"
+_SIGNATURE = ["vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "device",
+              "dtype"]
+_SDPA = F.scaled_dot_product_attention  # saved at import, so the reference is never a patched one
+# A vocabulary of 11 ids, 8 positions, d_model 12 in 3 heads of 4, SwiGLU width 16, 2 layers: every size differs,
+# so a transposed weight or a mixed-up axis cannot go unnoticed.
+_V, _CTX, _D, _L, _H, _DFF, _THETA = 11, 8, 12, 2, 3, 16, 10000.0
+_CONFIG = (_V, _CTX, _D, _L, _H, _DFF, _THETA)
+_SHOWN = f"{_NAME}(vocab_size={_V}, context_length={_CTX}, d_model={_D}, num_layers={_L}, num_heads={_H}, d_ff={_DFF})"
+_BLOCK_NAMES = {"ln1.weight": "d", "attn.q_proj.weight": "dd", "attn.k_proj.weight": "dd", "attn.v_proj.weight": "dd",
+                "attn.output_proj.weight": "dd", "ln2.weight": "d", "ffn.w1.weight": "fd", "ffn.w2.weight": "df",
+                "ffn.w3.weight": "fd"}
+# Names learners often use instead of the course's (nanoGPT, Hugging Face, Meta's Llama code).
+_ALIASES = {"layers": ("blocks", "h", "transformer_blocks", "decoder_layers", "block"),
+            "ln_final": ("norm", "ln_f", "final_norm", "norm_f", "final_layer_norm", "ln"),
+            "token_embeddings": ("embedding", "embeddings", "wte", "tok_embeddings", "embed_tokens", "embed", "emb"),
+            "lm_head": ("head", "output", "out_proj", "unembedding", "output_proj", "logits")}
+
+
+def _expected_shapes(vocab: int = _V, d: int = _D, layers: int = _L, d_ff: int = _DFF) -> dict[str, tuple[int, ...]]:
+    """Every name of the state dict (SPEC.md), with its shape."""
+    sizes = {"d": (d,), "dd": (d, d), "fd": (d_ff, d), "df": (d, d_ff)}
+    shapes = {"token_embeddings.weight": (vocab, d)}
+    for i in range(layers):
+        shapes.update({f"layers.{i}.{name}": sizes[kind] for name, kind in _BLOCK_NAMES.items()})
+    shapes.update({"ln_final.weight": (d,), "lm_head.weight": (vocab, d)})
+    return shapes
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The reference and its classic wrong variants (float64 on the CPU, PyTorch built-ins only)
+# ---------------------------------------------------------------------------------------------------------
+
+def _rotate(x: Tensor, positions: Tensor) -> Tensor:
+    """RoPE: the pair (x[2k], x[2k+1]) as x[2k] + i·x[2k+1], times e^{i·position·Θ^(-2k/d)}."""
+    d = x.shape[-1]
+    frequencies = _THETA ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = positions.to(torch.float64)[..., None] * frequencies
+    pairs = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    return torch.view_as_real(pairs * torch.polar(torch.ones_like(angles), angles)).flatten(-2)
+
+
+def _attention(x: Tensor, w: dict[str, Tensor], prefix: str, positions: Tensor, causal: bool) -> Tensor:
+    *lead, seq, d = x.shape
+    q, k, v = (F.linear(x, w[f"{prefix}attn.{name}_proj.weight"]).reshape(*lead, seq, _H, d // _H).transpose(-3, -2)
+               for name in "qkv")
+    q, k = _rotate(q, positions.unsqueeze(-2)), _rotate(k, positions.unsqueeze(-2))
+    out = _SDPA(q, k, v, is_causal=causal).transpose(-3, -2).reshape(*lead, seq, d)
+    return F.linear(out, w[f"{prefix}attn.output_proj.weight"])
+
+
+def _block(x: Tensor, w: dict[str, Tensor], i: int, positions: Tensor, causal: bool) -> Tensor:
+    p = f"layers.{i}."
+    y = x + _attention(F.rms_norm(x, (x.shape[-1],), w[p + "ln1.weight"], eps=1e-5), w, p, positions, causal)
+    h = F.rms_norm(y, (y.shape[-1],), w[p + "ln2.weight"], eps=1e-5)
+    return y + F.linear(F.silu(F.linear(h, w[p + "ffn.w1.weight"])) * F.linear(h, w[p + "ffn.w3.weight"]),
+                        w[p + "ffn.w2.weight"])
+
+
+def _lm(ids: Tensor, w: dict[str, Tensor], positions: Tensor | None = None, *, causal: bool = True,
+        ln_final: bool = True, output: str = "logits", embedding_scale: float = 1.0, chain: str = "right") -> Tensor:
+    """The model from built-ins, with one knob turned; ``w`` maps the state-dict names to float64 weights."""
+    ids = ids.cpu()
+    positions = torch.arange(ids.shape[-1]) if positions is None else positions.cpu()
+    embedded = F.embedding(ids, w["token_embeddings.weight"]) * embedding_scale
+    x = embedded
+    for i in range(_L):
+        out = _block(embedded if chain == "embeddings" else x, w, i, positions, causal)
+        x = {"right": out, "embeddings": out, "discarded": x, "residual twice": x + out}[chain]
+    if ln_final:
+        x = F.rms_norm(x, (x.shape[-1],), w["ln_final.weight"], eps=1e-5)
+    logits = F.linear(x, w["lm_head.weight"])
+    return {"logits": logits, "softmax": logits.softmax(-1), "log_softmax": logits.log_softmax(-1)}[output]
+
+
+_RETURN_LOGITS = ("return self.lm_head(self.ln_final(x)) as it is: F.cross_entropy and sampling apply the softmax "
+                  "themselves, and the logits keep what a softmax would round away")
+# Each: (keyword arguments of _lm that make the mistake, the mistake, the fix). Order: most specific first.
+_VARIANTS = [
+    (dict(output="softmax"), "forward returns probabilities (the softmax of the logits), not logits", _RETURN_LOGITS),
+    (dict(output="log_softmax"), "forward returns log-probabilities (log_softmax of the logits), not logits",
+     _RETURN_LOGITS),
+    (dict(ln_final=False), "ln_final is not applied: the last block's output goes straight to lm_head",
+     "finish with self.lm_head(self.ln_final(x)): pre-norm blocks leave the residual stream unnormalised"),
+    (dict(embedding_scale=math.sqrt(_D)),
+     "the embeddings are multiplied by √d_model (as in the original Transformer), which this recipe does not do",
+     "use the rows of token_embeddings as they are: x = self.token_embeddings(token_ids)"),
+    (dict(chain="discarded"), "the blocks' outputs are thrown away (`layer(x)` instead of `x = layer(x)`)",
+     "assign each block's output: for layer in self.layers: x = layer(x, token_positions)"),
+    (dict(chain="residual twice"),
+     "the residual is added twice (x = x + layer(x)), but TransformerBlock already adds its input to its output",
+     "x = layer(x, token_positions): the block returns y + ffn(ln2(y)) with y = x + attn(ln1(x)) itself"),
+    (dict(chain="embeddings"), "every block reads the embeddings instead of the previous block's output",
+     "chain the blocks: x = layer(x, token_positions), so that block i reads block i-1's output"),
+    (dict(causal=False), "no causal mask anywhere: every position also sees the tokens after it (the future)",
+     "the blocks' attention must be causal (query i sees keys j <= i): run check_multihead_self_attention and "
+     "check_transformer_block on your components"),
+]
+_POSITION_VARIANTS = [
+    (dict(positions=None), "token_positions are not passed on to the blocks: the logits are those for positions "
+     "0 … seq-1", "call every block with them, x = layer(x, token_positions); None means 0 … seq-1"),
+]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Running the learner's model
+# ---------------------------------------------------------------------------------------------------------
+
+def _make(impl: Any, *args: Any, **kwargs: Any) -> nn.Module:
+    return call(f"{_NAME}{args}" if not kwargs else f"{_NAME}{args} with {kwargs}", impl, *args, **kwargs)
+
+
+def _known_weights(gen: torch.Generator) -> dict[str, Tensor]:
+    """Weights that keep activations of order 1, and norm gains away from 1 so that each norm shows."""
+    weights = {}
+    for name, shape in _expected_shapes().items():
+        if name.endswith(("ln1.weight", "ln2.weight", "ln_final.weight")):
+            weights[name] = 1 + 0.3 * torch.randn(shape, generator=gen, dtype=torch.float64)
+        elif name == "token_embeddings.weight":
+            weights[name] = torch.randn(shape, generator=gen, dtype=torch.float64)
+        else:
+            weights[name] = torch.randn(shape, generator=gen, dtype=torch.float64) / math.sqrt(shape[1])
+    return weights
+
+
+def _load(module: nn.Module, weights: dict[str, Tensor], dtype: torch.dtype) -> None:
+    call(f"{_NAME}.load_state_dict(...) with the course's names (strict=True)", module.load_state_dict,
+         {name: w.to(dtype) for name, w in weights.items()}, strict=True)
+
+
+def _ids(gen: torch.Generator, *shape: int) -> Tensor:
+    return torch.randint(0, _V, shape, generator=gen)
+
+
+def _takes_positions(module: nn.Module) -> bool:
+    return "token_positions" in inspect.signature(module.forward).parameters
+
+
+def _forward(module: nn.Module, ids: Tensor, positions: Tensor | None, what: str, dtype: torch.dtype) -> Tensor:
+    out = call(what, module, ids) if positions is None else call(what, module, ids, positions)
+    if not isinstance(out, Tensor):
+        fail(f"{what} returned {describe(out)}, not a tensor", "return the logits, self.lm_head(self.ln_final(x))")
+    expected = (*ids.shape, _V)
+    if out.shape != expected:
+        if tuple(out.shape) == (*ids.shape[:-1], _V):
+            fail(f"{what} returned the logits of the last position only, shape {tuple(out.shape)}",
+                 f"return the logits of every position, {expected}: training predicts the next token everywhere "
+                 "at once; generate takes [..., -1, :] itself")
+        if tuple(out.shape) == (*ids.shape, _D):
+            fail(f"{what} returned shape {tuple(out.shape)}, the width d_model: lm_head is not applied",
+                 "finish with self.lm_head(self.ln_final(x)), which maps d_model to vocab_size")
+        fail(f"{what} returned shape {tuple(out.shape)}, expected {expected} (batch…, seq, vocab_size)",
+             "token_embeddings -> every block of self.layers -> ln_final -> lm_head, with no reshape or sum")
+    if out.dtype != dtype:
+        fail(f"{what} returned {out.dtype} for a model built with dtype={dtype}",
+             "keep the model's dtype (no .float() or .double() inside forward)")
+    return out
+
+
+def _sees_the_future(module: nn.Module, ids: Tensor, positions: Tensor | None) -> bool:
+    """True when changing the last token changes the logits of an earlier position."""
+    changed = ids.clone()
+    changed[..., -1] = (changed[..., -1] + 1) % _V
+    args = () if positions is None else (positions,)
+    with torch.no_grad():
+        before, after = call("forward", module, ids, *args), call("forward", module, changed, *args)
+    return not torch.equal(before[..., :-1, :], after[..., :-1, :])
+
+
+def _compare(module: nn.Module, out: Tensor, ids: Tensor, weights: dict[str, Tensor], positions: Tensor | None,
+             variants: list, what: str, **tolerance: float) -> None:
+    """``out`` equals the reference; if not, name the first classic variant it matches."""
+    expected = _lm(ids, weights, positions)
+    if close(out, expected, **tolerance):
+        return
+    if out.detach().min() >= 0 and close(out.detach().sum(-1), torch.ones(out.shape[:-1], dtype=torch.float64),
+                                         rtol=1e-4, atol=1e-4):
+        fail(_VARIANTS[0][1], _VARIANTS[0][2], f"on {what}: every row is >= 0 and sums to 1")
+    for knobs, mistake, fix in variants:
+        knobs = dict(knobs)
+        wrong_positions = knobs.pop("positions", positions)
+        wrong = _lm(ids, weights, wrong_positions, **knobs)
+        if not close(wrong, expected, **tolerance) and close(out, wrong, **tolerance):
+            fail(mistake, fix, f"on {what}, your logits match that variant, not the reference")
+    if _sees_the_future(module, ids, positions):
+        fail("later tokens change the logits of earlier positions: no causal mask anywhere", _VARIANTS[-1][2],
+             f"on {what}, changing the last token changed the logits of earlier positions")
+    diff = (out.detach().double().cpu() - expected).abs().nan_to_num(nan=math.inf).max().item()
+    fail(f"the logits differ from the reference (built from F.embedding, F.rms_norm, F.linear, "
+         f"F.scaled_dot_product_attention and F.silu) by up to {diff:.3g} on {what}",
+         "token_embeddings -> x = layer(x, token_positions) for each block -> ln_final -> lm_head; if "
+         "check_transformer_block fails, fix your block first")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The steps
+# ---------------------------------------------------------------------------------------------------------
+
+def _named_alias(module: nn.Module, name: str) -> str | None:
+    children = dict(module.named_children())
+    return next((alias for alias in _ALIASES[name] if alias in children or alias in vars(module)), None)
+
+
+def _check_structure(impl: Any) -> None:
+    """The signature; layers a registered ModuleList of distinct blocks; the SPEC's names and shapes, nothing else."""
+    if isinstance(impl, nn.Module):
+        fail(f"check_transformer_lm got a {type(impl).__name__} object, not the class",
+             f"pass the class itself: check_transformer_lm({type(impl).__name__})")
+    check_signature(impl, _SIGNATURE, _NAME)
+    module = _make(impl, *_CONFIG)
+    layers = vars(module).get("layers", getattr(module, "layers", None))
+    if isinstance(layers, (list, tuple)):
+        fail(f"{_NAME}.layers is a plain Python {type(layers).__name__}, so its blocks are not registered: their "
+             "parameters are missing from model.parameters() (the optimiser never sees them) and from the state dict",
+             "wrap them: self.layers = nn.ModuleList(TransformerBlock(...) for _ in range(num_layers))")
+    children = dict(module.named_children())
+    for name in ("token_embeddings", "layers", "ln_final", "lm_head"):
+        if name not in children:
+            alias = _named_alias(module, name)
+            if alias is not None:
+                fail(f"{_NAME} calls it `{alias}`, but the course's checkpoints call it `{name}`",
+                     f"rename self.{alias} to self.{name}: the state dict's names come from the attribute names")
+            if name == "ln_final":
+                fail(f"{_NAME} has no ln_final: the last block's output must be normalised before lm_head",
+                     "add self.ln_final = RMSNorm(d_model, device=device, dtype=dtype) and apply it before lm_head")
+            fail(f"{_NAME} has no submodule `{name}` (its submodules are {sorted(children)})",
+                 f"create self.{name} as SPEC.md describes: token_embeddings -> layers -> ln_final -> lm_head")
+    if not isinstance(layers, nn.ModuleList):
+        fail(f"{_NAME}.layers is a {type(layers).__name__}, not an nn.ModuleList",
+             "self.layers = nn.ModuleList(TransformerBlock(...) for _ in range(num_layers))")
+    if len(layers) != _L:
+        fail(f"{_NAME}(num_layers={_L}) has {len(layers)} block{'' if len(layers) == 1 else 's'} in layers",
+             "create exactly num_layers blocks: nn.ModuleList(TransformerBlock(...) for _ in range(num_layers))")
+    if len({id(block) for block in layers}) < len(layers):
+        fail(f"every entry of {_NAME}.layers is the same block object ([block] * num_layers), so all layers share "
+             "one set of weights",
+             "create a new block for each layer: nn.ModuleList(TransformerBlock(...) for _ in range(num_layers))")
+    embedding, head = getattr(module.token_embeddings, "weight", None), getattr(module.lm_head, "weight", None)
+    if isinstance(embedding, Tensor) and isinstance(head, Tensor) and (
+            embedding is head or embedding.data_ptr() == head.data_ptr()):
+        fail("lm_head's weight is tied to token_embeddings' (one shared matrix), but this recipe keeps them separate",
+             "give lm_head its own Linear(d_model, vocab_size): the course's checkpoints hold two different matrices")
+    check_parameters(module, _expected_shapes(), _NAME)
+
+
+def _check_init(impl: Any) -> None:
+    """token_embeddings start as Embedding does (std 0.987), lm_head as Linear does (0.987·σ, σ² = 2/(d + V))."""
+    torch.manual_seed(0)
+    vocab, d = 256, 64
+    module = _make(impl, vocab, 16, d, 1, 4, 64, _THETA)
+    for name, sigma, recipe in [("token_embeddings", 1.0, "Embedding(vocab_size, d_model): N(0, 1) cut at ±3"),
+                                ("lm_head", math.sqrt(2 / (d + vocab)), "Linear(d_model, vocab_size): σ² = 2/(d + V)")]:
+        w = getattr(module, name).weight.detach().double()
+        ratio = w.std().item() / sigma if torch.isfinite(w).all() else math.nan
+        if not 0.93 <= ratio <= 1.05:
+            fail(f"{name}.weight's initial std is {ratio:.3g} times its recipe's σ, not 0.987",
+                 f"create it with the package's {recipe}, and keep its initialisation")
+
+
+def _check_devices(impl: Any) -> None:
+    check_device_and_dtype(lambda **kwargs: impl(*_CONFIG, **kwargs), _NAME)
+    module = _make(impl, *_CONFIG, device="meta")
+    elsewhere = [key for key, buffer in module.named_buffers() if buffer.device.type != "meta"]
+    if elsewhere:
+        fail(f"{_NAME}(..., device='meta') creates the buffer {elsewhere[0]} elsewhere",
+             "pass device=device on to every block (and so to RoPE)")
+
+
+def _check_forward(impl: Any, gen: torch.Generator) -> None:
+    """Known weights; several leading shapes in float64, then float32; token_positions if forward takes them."""
+    weights = _known_weights(gen)
+    for dtype, shapes, tolerance in [(torch.float64, [(2, 6), (_CTX,), (2, 2, 5)], dict(rtol=1e-6, atol=1e-6)),
+                                     (torch.float32, [(2, 6)], dict(rtol=1e-4, atol=1e-4))]:
+        module = _make(impl, *_CONFIG, dtype=dtype)
+        _load(module, weights, dtype)
+        for shape in shapes:
+            ids = _ids(gen, *shape)
+            what = f"{_SHOWN} on token ids of shape {shape}, {dtype}"
+            out = _forward(module, ids, None, what, dtype)
+            _compare(module, out, ids, weights, None, _VARIANTS, what, **tolerance)
+    if _takes_positions(module):
+        module = _make(impl, *_CONFIG, dtype=torch.float64)
+        _load(module, weights, torch.float64)
+        ids = _ids(gen, 2, 6)
+        positions = torch.tensor([[0, 1, 2, 0, 1, 2], [0, 2, 4, 5, 6, 7]])  # packed documents, gaps: not a shift
+        what = f"{_SHOWN} on token ids of shape (2, 6), token_positions {positions.tolist()}"
+        out = _forward(module, ids, positions, what, torch.float64)
+        _compare(module, out, ids, weights, positions, _POSITION_VARIANTS + _VARIANTS, what, rtol=1e-6, atol=1e-6)
+
+
+def _check_gradients(impl: Any, gen: torch.Generator) -> None:
+    """Every weight's gradient equals the reference's (float64)."""
+    weights = _known_weights(gen)
+    module = _make(impl, *_CONFIG, dtype=torch.float64)
+    _load(module, weights, torch.float64)
+    ids = _ids(gen, 2, 6)
+    upstream = torch.randn(2, 6, _V, generator=gen, dtype=torch.float64)
+    what = f"{_SHOWN} on token ids of shape (2, 6)"
+    out = _forward(module, ids, None, what, torch.float64)
+    if not out.requires_grad:
+        fail(f"{_NAME}'s logits carry no gradient (computed under torch.no_grad(), or from .detach()/.data)",
+             "compute them from the submodules directly, so that autograd can follow")
+    call(f"the backward pass of {what}", lambda: (out * upstream).sum().backward())
+    reference = {name: w.clone().requires_grad_() for name, w in weights.items()}
+    (_lm(ids, reference) * upstream).sum().backward()
+    for name, parameter in module.named_parameters():
+        if parameter.grad is None:
+            fail(f"no gradient reaches {name}", "use every submodule in forward, with no .detach() or .data")
+        if not close(parameter.grad, reference[name].grad, rtol=1e-6, atol=1e-6):
+            fail(f"{name}'s gradient differs from the reference's", "build the logits from differentiable torch "
+                 "operations only (no .item(), .detach(), .data or in-place changes)", f"on {what}")
+
+
+def _check_fused(impl: Any, gen: torch.Generator) -> None:
+    """If the class takes ``fused``, fused=True gives the same logits."""
+    if "fused" not in inspect.signature(impl.__init__).parameters:
+        return
+    weights = _known_weights(gen)
+    module = _make(impl, *_CONFIG, dtype=torch.float64, fused=True)
+    _load(module, weights, torch.float64)
+    ids = _ids(gen, 2, 6)
+    out = call(f"{_NAME}(..., fused=True) on token ids of shape (2, 6)", module, ids)
+    if not close(out, _lm(ids, weights), rtol=1e-6, atol=1e-6):
+        fail(f"{_NAME}(..., fused=True) differs from the reference, though the default path matches it",
+             "pass fused on to every block; it may change only how attention is computed")
+
+
+def check_transformer_lm(impl: Callable[..., Any]) -> None:
+    """Check the learner's ``TransformerLM`` class; print one line if right, else raise ``AssertionError``.
+
+    Checked: the signature ``(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta,
+    device=None, dtype=None)``; the submodules ``token_embeddings``, ``layers`` (an ``nn.ModuleList`` of distinct
+    blocks), ``ln_final``, ``lm_head``; the state dict exactly SPEC.md's names and shapes (no bias, nothing else
+    saved); lm_head not tied to the embeddings; the initialisation of the embeddings and of lm_head; ``device`` and
+    ``dtype`` honoured (RoPE's tables too); then, with known weights loaded by name (strict=True), the logits
+    against a reference built here from ``F.embedding``, ``F.rms_norm``, ``F.linear``,
+    ``F.scaled_dot_product_attention(is_causal=True)`` and ``F.silu`` with RoPE (11 ids, 2 layers, d_model 12 in 3
+    heads, d_ff 16; ids of shape (2, 6), (8,), (2, 2, 5); float64 and float32), uneven ``token_positions`` if
+    forward takes them, every weight's gradient, and ``fused=True`` if the class takes it. Inputs come from a fixed
+    seed; the caller's random state is kept.
+
+    Mistakes it recognises (by name, in the first line of the error):
+        * ln_final missing (no such submodule) or not applied;
+        * softmax (probabilities) or log_softmax returned instead of logits; the last position's logits only;
+          lm_head not applied;
+        * no causal mask anywhere (a later token changes earlier logits);
+        * embeddings multiplied by √d_model; lm_head tied to token_embeddings;
+        * layers in a plain Python list (blocks not registered); the same block repeated ([block] * n);
+          the wrong number of blocks;
+        * wrong names (blocks, norm, ln_f, wte, head, … instead of the course's), wrong shapes, a bias, extra
+          entries in the state dict;
+        * token_positions not passed on to the blocks;
+        * blocks' outputs thrown away (layer(x) without x =); the residual added twice (x = x + layer(x));
+          every block reading the embeddings;
+        * device/dtype ignored; no gradient (detached computations).
+    """
+    with torch.random.fork_rng(devices=[]):
+        _check_structure(impl)
+        _check_init(impl)
+        _check_devices(impl)
+        gen = generator(0)
+        _check_forward(impl, gen)
+        _check_gradients(impl, gen)
+        _check_fused(impl, gen)
+    passed(f"check_transformer_lm: token_embeddings -> {_L} layers (nn.ModuleList) -> ln_final -> lm_head with the "
+           "course's state-dict names; logits match a reference from PyTorch built-ins with known weights (3 "
+           "leading shapes, float32/64, uneven token_positions); gradients"
+           + ("; fused=True" if "fused" in inspect.signature(impl.__init__).parameters else ""))
