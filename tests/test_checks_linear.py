@@ -10,6 +10,7 @@ from torch import nn
 
 from transformer_from_scratch import Linear
 from transformer_from_scratch.checks import check_linear
+from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
 
 
 def _sigma(layer):
@@ -199,11 +200,7 @@ def test_reference_passes_with_one_line(capsys):
 
 
 def test_random_state_is_left_as_it_was():
-    torch.manual_seed(123)
-    expected = torch.rand(3)
-    torch.manual_seed(123)
-    check_linear(Linear)
-    assert torch.equal(torch.rand(3), expected)
+    assert_random_state_kept(check_linear, Linear)
 
 
 def test_normal_without_a_cut_is_no_truncation():
@@ -212,19 +209,12 @@ def test_normal_without_a_cut_is_no_truncation():
 
 
 def test_messages_are_distinct():
-    phrases = [phrase for _, phrase in MUTANTS.values()]
-    assert len(set(phrases)) == len(phrases)
+    assert_phrases_distinct(MUTANTS.values())
 
 
 @pytest.mark.parametrize("mutant, phrase", MUTANTS.values(), ids=list(MUTANTS))
 def test_each_mistake_gets_its_own_verdict(mutant, phrase):
-    with pytest.raises(AssertionError) as error:
-        check_linear(mutant)
-    first = str(error.value).splitlines()[0]
-    assert phrase in first, first
-    for other_mutant, other in MUTANTS.values():
-        if other_mutant is not mutant:
-            assert other not in first, f"{first!r} also names {other!r}"
+    assert_own_verdict(check_linear, mutant, phrase, MUTANTS.values())
 
 
 class Stub(nn.Module):

@@ -11,6 +11,7 @@ from torch import nn
 
 from transformer_from_scratch import Linear, MultiHeadSelfAttention, RotaryPositionalEmbedding, scaled_dot_product_attention
 from transformer_from_scratch.checks import check_multihead_self_attention
+from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
 
 
 class Steps(MultiHeadSelfAttention):
@@ -328,27 +329,16 @@ def test_the_step_by_step_base_of_the_mutants_passes(capsys):
 
 
 def test_random_state_is_left_as_it_was():
-    torch.manual_seed(123)
-    expected = torch.rand(3)
-    torch.manual_seed(123)
-    check_multihead_self_attention(MultiHeadSelfAttention)
-    assert torch.equal(torch.rand(3), expected)
+    assert_random_state_kept(check_multihead_self_attention, MultiHeadSelfAttention)
 
 
 def test_messages_are_distinct():
-    phrases = [phrase for _, phrase in MUTANTS.values()]
-    assert len(set(phrases)) == len(phrases)
+    assert_phrases_distinct(MUTANTS.values())
 
 
 @pytest.mark.parametrize("mutant, phrase", MUTANTS.values(), ids=list(MUTANTS))
 def test_each_mistake_gets_its_own_verdict(mutant, phrase):
-    with pytest.raises(AssertionError) as error:
-        check_multihead_self_attention(mutant)
-    first = str(error.value).splitlines()[0]
-    assert phrase in first, first
-    for other_mutant, other in MUTANTS.values():
-        if other_mutant is not mutant:
-            assert other not in first, f"{first!r} also names {other!r}"
+    assert_own_verdict(check_multihead_self_attention, mutant, phrase, MUTANTS.values())
 
 
 def test_splitting_without_the_transpose_is_named_even_when_the_merge_is_right():

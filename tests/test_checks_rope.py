@@ -6,6 +6,7 @@ from torch import nn
 
 from transformer_from_scratch import RotaryPositionalEmbedding
 from transformer_from_scratch.checks import check_rope
+from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
 
 
 class Rope(nn.Module):
@@ -182,27 +183,16 @@ def test_tables_recomputed_in_every_call_are_fine():
 
 
 def test_random_state_is_left_as_it_was():
-    torch.manual_seed(123)
-    expected = torch.rand(3)
-    torch.manual_seed(123)
-    check_rope(RotaryPositionalEmbedding)
-    assert torch.equal(torch.rand(3), expected)
+    assert_random_state_kept(check_rope, RotaryPositionalEmbedding)
 
 
 def test_messages_are_distinct():
-    phrases = [phrase for _, phrase in MUTANTS.values()]
-    assert len(set(phrases)) == len(phrases)
+    assert_phrases_distinct(MUTANTS.values())
 
 
 @pytest.mark.parametrize("mutant, phrase", MUTANTS.values(), ids=list(MUTANTS))
 def test_each_mistake_gets_its_own_verdict(mutant, phrase):
-    with pytest.raises(AssertionError) as error:
-        check_rope(mutant)
-    first = str(error.value).splitlines()[0]
-    assert phrase in first, first
-    for other_mutant, other in MUTANTS.values():
-        if other_mutant is not mutant:
-            assert other not in first, f"{first!r} also names {other!r}"
+    assert_own_verdict(check_rope, mutant, phrase, MUTANTS.values())
 
 
 class Stub(nn.Module):

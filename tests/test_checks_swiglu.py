@@ -10,6 +10,7 @@ from torch import nn
 
 from transformer_from_scratch import Linear, SwiGLU, silu
 from transformer_from_scratch.checks import check_silu, check_swiglu
+from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
 
 # ------------------------------------------------------------------------------------------- silu mutants
 
@@ -125,19 +126,12 @@ def test_check_silu_passes_the_reference_with_one_line(capsys):
 
 
 def test_silu_messages_are_distinct():
-    phrases = [phrase for _, phrase in SILU_MUTANTS.values()]
-    assert len(set(phrases)) == len(phrases)
+    assert_phrases_distinct(SILU_MUTANTS.values())
 
 
 @pytest.mark.parametrize("mutant, phrase", SILU_MUTANTS.values(), ids=list(SILU_MUTANTS))
 def test_each_silu_mistake_gets_its_own_verdict(mutant, phrase):
-    with pytest.raises(AssertionError) as error:
-        check_silu(mutant)
-    first = str(error.value).splitlines()[0]
-    assert phrase in first, first
-    for other_mutant, other in SILU_MUTANTS.values():
-        if other_mutant is not mutant and other not in phrase:
-            assert other not in first, f"{first!r} also names {other!r}"
+    assert_own_verdict(check_silu, mutant, phrase, SILU_MUTANTS.values(), except_within=True)
 
 
 RIGHT_SILUS = {
@@ -446,27 +440,16 @@ def test_a_swiglu_written_with_the_weights_directly_passes(capsys):
 
 
 def test_random_state_is_left_as_it_was():
-    torch.manual_seed(123)
-    expected = torch.rand(3)
-    torch.manual_seed(123)
-    check_swiglu(SwiGLU)
-    assert torch.equal(torch.rand(3), expected)
+    assert_random_state_kept(check_swiglu, SwiGLU)
 
 
 def test_swiglu_messages_are_distinct():
-    phrases = [phrase for _, phrase in SWIGLU_MUTANTS.values()]
-    assert len(set(phrases)) == len(phrases)
+    assert_phrases_distinct(SWIGLU_MUTANTS.values())
 
 
 @pytest.mark.parametrize("mutant, phrase", SWIGLU_MUTANTS.values(), ids=list(SWIGLU_MUTANTS))
 def test_each_swiglu_mistake_gets_its_own_verdict(mutant, phrase):
-    with pytest.raises(AssertionError) as error:
-        check_swiglu(mutant)
-    first = str(error.value).splitlines()[0]
-    assert phrase in first, first
-    for other_mutant, other in SWIGLU_MUTANTS.values():
-        if other_mutant is not mutant and other not in phrase:
-            assert other not in first, f"{first!r} also names {other!r}"
+    assert_own_verdict(check_swiglu, mutant, phrase, SWIGLU_MUTANTS.values(), except_within=True)
 
 
 def test_a_bias_on_the_course_linear_gets_the_same_verdict():

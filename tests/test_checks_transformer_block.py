@@ -9,6 +9,7 @@ from torch import nn
 
 from transformer_from_scratch import MultiHeadSelfAttention, RMSNorm, SwiGLU, TransformerBlock, scaled_dot_product_attention
 from transformer_from_scratch.checks import check_transformer_block
+from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
 
 
 class Steps(TransformerBlock):
@@ -309,24 +310,16 @@ def test_a_block_without_fused_passes_too(capsys):
 
 
 def test_random_state_is_left_as_it_was():
-    torch.manual_seed(123)
-    expected = torch.rand(3)
-    torch.manual_seed(123)
-    check_transformer_block(TransformerBlock)
-    assert torch.equal(torch.rand(3), expected)
+    assert_random_state_kept(check_transformer_block, TransformerBlock)
 
 
 def test_messages_are_distinct():
-    phrases = [phrase for _, phrase in MUTANTS.values()]
-    assert len(set(phrases)) == len(phrases)
+    assert_phrases_distinct(MUTANTS.values())
 
 
 @pytest.mark.parametrize("mutant, phrase", MUTANTS.values(), ids=list(MUTANTS))
 def test_each_mistake_gets_its_own_verdict(mutant, phrase):
-    with pytest.raises(AssertionError) as error:
-        check_transformer_block(mutant)
-    first = str(error.value).splitlines()[0]
-    assert phrase in first, first
+    assert_own_verdict(check_transformer_block, mutant, phrase, exclusive=False)
 
 
 @pytest.mark.parametrize("mutant, named", [(PostNorm, "post-norm"), (NoFinalAdd, "final add is missing"),
