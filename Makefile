@@ -15,7 +15,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_ARGS  ?=
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help setup lab student test test-unit test-notebooks export check-export notebooks images clean
+.PHONY: help setup lab student test test-unit test-notebooks export check-export notebooks images bench clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ notebooks: $(STAMP) ## Re-execute every notebook in place and store clean output
 
 images: $(STAMP) ## Redraw the architecture diagrams in images/
 	$(BIN)/python images/make_diagrams.py
+
+bench: $(STAMP) ## Benchmark against PyTorch's built-ins (BENCH_ARGS="--no-compile --no-notebooks" for a quick one)
+	$(BIN)/python -m transformer_from_scratch.benchmark $(BENCH_ARGS)
 
 clean: ## Remove .venv and caches
 	rm -rf $(VENV) .pytest_cache src/*.egg-info

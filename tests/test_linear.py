@@ -76,7 +76,7 @@ def test_two_layers_start_different():
 
 
 def test_wrong_last_dimension_names_both_sizes():
-    with pytest.raises(ValueError, match=r"\(\.\.\., 4\).*got shape \(2, 5\).*last dimension is 5"):
+    with pytest.raises(ValueError, match=r"\(\.\.\., 4\).*got shape \(2, 5\)"):
         Linear(4, 3)(torch.randn(2, 5))
 
 

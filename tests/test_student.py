@@ -78,7 +78,7 @@ def test_components_come_from_the_learners_package(edition, notebook):
     out, _, _, _ = edition
     for source in _code(out / notebook.name):
         for match in re.finditer(r"from transformer_from_scratch(\.\w+)? import", source):
-            assert match.group(1) in (".checks", ".nbtools.export", ".nbtools.interactive", ".nbtools.helpers",
+            assert match.group(1) in (".checks", ".shapes", ".nbtools.export", ".nbtools.interactive", ".nbtools.helpers",
                                       ".nbtools.plotting"), f"{match.group(0)}: a component from the reference"
     markdown = json.loads((out / notebook.name).read_text(encoding="utf-8"))["cells"]
     for cell in markdown:

@@ -4,6 +4,9 @@ Each component module is generated from its notebook (``notebooks/01_linear.ipyn
 edit the notebook, not the module. ``checks`` tells a learner precisely what is wrong with their own
 version of a component (``from transformer_from_scratch.checks import check_linear``). ``nbtools`` is
 the tooling that authors and runs the notebooks (export, student edition, figures), not the model.
+
+Every component checks its arguments' shapes at run time (``shapes.shape_checked``); training runs and
+benchmarks turn that off with ``set_shape_checks(False)`` or ``with shape_checks(False): ...``.
 """
 
 from .linear import Linear
@@ -15,6 +18,8 @@ from .rope import RotaryPositionalEmbedding
 from .swiglu import SwiGLU, silu, swiglu_hidden_size
 from .multihead_attention import MultiHeadSelfAttention
 from .transformer_block import TransformerBlock
+from .shapes import set_shape_checks, shape_checks, shape_checks_enabled
 from .transformer_lm import TransformerLM, count_resources, generate, next_token_distribution
 
-__all__ = ["Linear", "Embedding", "softmax", "RMSNorm", "scaled_dot_product_attention", "RotaryPositionalEmbedding", "silu", "SwiGLU", "swiglu_hidden_size", "MultiHeadSelfAttention", "TransformerBlock", "TransformerLM", "count_resources", "next_token_distribution", "generate"]
+__all__ = ["Linear", "Embedding", "softmax", "RMSNorm", "scaled_dot_product_attention", "RotaryPositionalEmbedding", "silu", "SwiGLU", "swiglu_hidden_size", "MultiHeadSelfAttention", "TransformerBlock", "TransformerLM", "count_resources", "next_token_distribution", "generate",
+           "set_shape_checks", "shape_checks", "shape_checks_enabled"]

@@ -1,19 +1,39 @@
 # Generated from notebooks/05_attention.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 851c72f16c031c6994f020cdefd0a6278c97653afa13181093126000ce97c693
+# body-sha256: f9dedef8d22bf38b39b6b95a220a1b50f1b32e3e6d8dcea9e92867765e7517b0
 
 import math
 
 import torch
-from beartype import beartype
 from einops import einsum
-from jaxtyping import Float, Shaped, jaxtyped
+from jaxtyping import Float, Shaped
 from torch import Tensor
 
+from transformer_from_scratch.shapes import shape_checked
 from transformer_from_scratch.softmax import softmax
 
 
-@jaxtyped(typechecker=beartype)
+def _check_shapes(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None) -> None:
+    """Q (..., n, d_k), K (..., m, d_k), V (..., m, d_v), mask broadcastable to (..., n, m), or a ValueError.
+
+    A few comparisons of shapes, no work on the data: it stays on when the run-time shape checks are off, so that
+    nothing ever broadcasts silently (einsum would happily broadcast a K with a leading dimension of 1).
+    """
+    if (Q.ndim < 2 or K.ndim != Q.ndim or V.ndim != Q.ndim or K.shape[:-2] != Q.shape[:-2]
+            or V.shape[:-1] != K.shape[:-1] or K.shape[-1] != Q.shape[-1]):
+        raise ValueError(f"scaled_dot_product_attention expects Q (..., n, d_k), K (..., m, d_k) and V (..., m, d_v) "
+                         f"with the same leading dimensions, got Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)}")
+    if mask is None:
+        return
+    n, m = Q.shape[-2], K.shape[-2]
+    leading = Q.shape[:-2]
+    if (mask.ndim < 2 or mask.shape[-2:] != (n, m) or mask.ndim - 2 > len(leading)
+            or any(a not in (1, b) for a, b in zip(reversed(mask.shape[:-2]), reversed(leading)))):
+        raise ValueError(f"scaled_dot_product_attention: the mask must have shape (..., n, m) = (..., {n}, {m}) with "
+                         f"leading dimensions that broadcast to Q's {tuple(leading)}, got mask {tuple(mask.shape)}")
+
+
+@shape_checked
 def scaled_dot_product_attention(
     Q: Float[Tensor, "*batch n d_k"],
     K: Float[Tensor, "*batch m d_k"],
@@ -39,6 +59,7 @@ def scaled_dot_product_attention(
         TypeCheckError (a TypeError): the shapes disagree; the message names the argument and the sizes.
         TypeError: the mask is not bool (a float mask means "add me to the scores" in PyTorch).
     """
+    _check_shapes(Q, K, V, mask)
     if mask is not None and mask.dtype != torch.bool:
         raise TypeError(
             f"scaled_dot_product_attention: mask must be a bool tensor (True = query i may attend to key j), "
@@ -46,13 +67,14 @@ def scaled_dot_product_attention(
             f"mask to the scores (0 = attend, -inf = blocked), the opposite meaning of a 1/0 'may attend' mask. "
             f"Convert it to say which you mean: `keep.bool()` for 1 = attend, `additive == 0` for 0 = attend."
         )
-    scores = einsum(Q, K, "... n d_k, ... m d_k -> ... n m") / math.sqrt(Q.shape[-1])
+    # Scale the (..., n, d_k) queries rather than the (..., n, m) scores: the same numbers, fewer to divide.
+    scores = einsum(Q / math.sqrt(Q.shape[-1]), K, "... n d_k, ... m d_k -> ... n m")
     if mask is None:
-        weights = softmax(scores, dim=-1)
-    else:
-        no_key = ~mask.any(dim=-1, keepdim=True)  # (..., n, 1): queries that may attend to nothing
-        # Forbidden keys get -inf (weight exactly 0). A row with no allowed key keeps its finite scores:
-        # all -inf would make its softmax 0/0 = NaN, and NaN * 0 is still NaN in the backward pass.
-        scores = scores.masked_fill(~mask & ~no_key, float("-inf"))
-        weights = softmax(scores, dim=-1).masked_fill(no_key, 0.0)
-    return einsum(weights, V, "... n m, ... m d_v -> ... n d_v")
+        return einsum(softmax(scores, dim=-1), V, "... n m, ... m d_v -> ... n d_v")
+    no_key = ~mask.any(dim=-1, keepdim=True)  # (..., n, 1): queries that may attend to nothing
+    # Forbidden keys get -inf (weight exactly 0). A row with no allowed key keeps its finite scores:
+    # all -inf would make its softmax 0/0 = NaN, and NaN * 0 is still NaN in the backward pass.
+    # In place: `scores` is a new tensor, and the product's backward needs Q and K, not the scores.
+    scores.masked_fill_(~mask & ~no_key, float("-inf"))
+    output = einsum(softmax(scores, dim=-1), V, "... n m, ... m d_v -> ... n d_v")
+    return output.masked_fill(no_key, 0.0)  # zero those rows: (..., n, d_v) is smaller than the (..., n, m) weights

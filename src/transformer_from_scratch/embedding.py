@@ -1,11 +1,12 @@
 # Generated from notebooks/02_embedding.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: c0e43cc1db7501acfb4bffa1a63dba580831d97ddeb91622e315fa16a93dfcdd
+# body-sha256: 4d72527a8840b4588303786daad4811e4bbb3e5bfb65b48326b78c881a668ea0
 
 import torch
-from beartype import beartype
-from jaxtyping import Float, Shaped, jaxtyped
+from jaxtyping import Float, Shaped
 from torch import Tensor, nn
+
+from transformer_from_scratch.shapes import shape_checked
 
 # Every integer dtype can hold token ids. bool is not among them: a bool tensor in square brackets is a mask.
 INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -24,7 +25,7 @@ def _checked_ids(token_ids: Tensor, num_embeddings: int) -> Tensor:
             f"Embedding expects integer token ids (e.g. torch.long), got a tensor of dtype {token_ids.dtype}{hint}"
         )
     ids = token_ids.long()  # int64 holds every id, and int64 in square brackets always means "ids"
-    if ids.numel() > 0:
+    if ids.numel() > 0 and not torch.compiler.is_compiling():  # skipped when compiled: no branching on values
         low, high = torch.stack(torch.aminmax(ids)).tolist()  # one read-back from the device
         if low < 0 or high >= num_embeddings:
             n_bad = int(((ids < 0) | (ids >= num_embeddings)).sum())
@@ -69,7 +70,7 @@ class Embedding(nn.Module):
         """Draw every entry of the table from N(0, 1) truncated at [-3, 3]."""
         nn.init.trunc_normal_(self.weight, mean=0.0, std=1.0, a=-3.0, b=3.0)
 
-    @jaxtyped(typechecker=beartype)
+    @shape_checked
     def forward(self, token_ids: Shaped[Tensor, "*batch"]) -> Float[Tensor, "*batch d_model"]:
         """Row token_ids[...] of the table for every id, as a copy: (...) -> (..., embedding_dim)."""
         ids = _checked_ids(token_ids, self.num_embeddings)

@@ -1,14 +1,14 @@
 # Generated from notebooks/01_linear.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 697c2528248b66ea66ca9bab2a60485a47b3b96c9a2efe1a42ec5abfab138ec6
+# body-sha256: 81dfba3fcfa83c96fb6316a458f43eca045822b1b6777839e866da317c837849
 
 import math
 
 import torch
-from beartype import beartype
-from einops import einsum
-from jaxtyping import Float, jaxtyped
+from jaxtyping import Float
 from torch import Tensor, nn
+
+from transformer_from_scratch.shapes import shape_checked
 
 
 class Linear(nn.Module):
@@ -38,15 +38,15 @@ class Linear(nn.Module):
         std = math.sqrt(2.0 / (self.in_features + self.out_features))
         nn.init.trunc_normal_(self.weight, mean=0.0, std=std, a=-3.0 * std, b=3.0 * std)
 
-    @jaxtyped(typechecker=beartype)
+    @shape_checked
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
         """y = W x for every vector along the last dimension: (..., d_in) -> (..., d_out)."""
-        if x.shape[-1] != self.in_features:
+        if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise ValueError(
                 f"Linear expected an input of shape (..., {self.in_features}) (in_features={self.in_features}), "
-                f"got shape {tuple(x.shape)} whose last dimension is {x.shape[-1]}"
+                f"got shape {tuple(x.shape)}"
             )
-        return einsum(x, self.weight, "... d_in, d_out d_in -> ... d_out")
+        return x @ self.weight.T
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"

@@ -1,17 +1,17 @@
 # Generated from notebooks/08_multihead_attention.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 2f60a84184db05a70697f6f05be30c98a01d8fda129bde7195d540b75b2bc690
+# body-sha256: b2f52e523f183d951182542412c420dd8d0a70ad94ded197f48346baee9be39c
 
 import torch
 import torch.nn.functional as F
-from beartype import beartype
 from einops import rearrange
-from jaxtyping import Float, Int, jaxtyped
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from transformer_from_scratch.attention import scaled_dot_product_attention
 from transformer_from_scratch.linear import Linear
 from transformer_from_scratch.rope import RotaryPositionalEmbedding
+from transformer_from_scratch.shapes import shape_checked
 
 
 def _check_arguments(d_model: int, num_heads: int, max_seq_len: int | None, theta: float | None) -> None:
@@ -26,7 +26,7 @@ def _check_arguments(d_model: int, num_heads: int, max_seq_len: int | None, thet
 
 def _check_input(module: "MultiHeadSelfAttention", x: Tensor, token_positions: Tensor | None) -> None:
     """MultiHeadSelfAttention.forward's checks of what only the module knows, each a ValueError."""
-    if x.shape[-1] != module.d_model:
+    if x.ndim < 2 or x.shape[-1] != module.d_model:
         raise ValueError(f"MultiHeadSelfAttention expected x of shape (..., seq, {module.d_model}) "
                          f"(d_model={module.d_model}), got shape {tuple(x.shape)}")
     if module.max_seq_len is not None and x.shape[-2] > module.max_seq_len:
@@ -94,7 +94,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype)
         self.rope = None if theta is None else RotaryPositionalEmbedding(theta, self.d_k, max_seq_len, device=device)
 
-    @jaxtyped(typechecker=beartype)
+    @shape_checked
     def forward(self, x: Float[Tensor, "*batch seq d_model"],
                 token_positions: Int[Tensor, "*#batch seq"] | None = None) -> Float[Tensor, "*batch seq d_model"]:
         """(..., seq, d_model) -> (..., seq, d_model); token_positions (..., seq) broadcasts, None = 0 … seq-1."""

@@ -1,11 +1,12 @@
 # Generated from notebooks/04_rmsnorm.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 8a957785132c7891ca7f291683e561ff746b5b907bad5b8ff5606438e324b73a
+# body-sha256: 33aa0f7d48f9cbc153b3b333233594455cba758e87f255724cee7279bbf02907
 
 import torch
-from beartype import beartype
-from jaxtyping import Float, jaxtyped
+from jaxtyping import Float
 from torch import Tensor, nn
+
+from transformer_from_scratch.shapes import shape_checked
 
 
 class RMSNorm(nn.Module):
@@ -36,7 +37,7 @@ class RMSNorm(nn.Module):
         """Set the gain to ones, so that a new layer only normalises."""
         nn.init.ones_(self.weight)
 
-    @jaxtyped(typechecker=beartype)
+    @shape_checked
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         """Normalise each vector x[..., :] to RMS 1 and multiply it by the gain; same shape and dtype as x."""
         if x.shape[-1] != self.d_model:

@@ -1,26 +1,39 @@
 # Generated from notebooks/06_rope.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 68501d2276806a001824df42e69dcb321c0cbec4a65f0a8dac8108eb442486e8
+# body-sha256: 01387c037034c17667785f60face060dcab07d264a66702379a20ca9cb9e4594
 
 import torch
-from beartype import beartype
 from einops import rearrange
-from jaxtyping import Float, Int, jaxtyped
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from transformer_from_scratch.shapes import shape_checked
 
-def _checked_positions(token_positions: Tensor, max_seq_len: int) -> Tensor:
-    """token_positions as int64, after checking that every position lies in [0, max_seq_len).
 
-    Raises ValueError naming the smallest and largest position found. Without the check, a negative position
-    would silently read the tables from their end, and one past the end fails (asynchronously, on a GPU).
+def _checked_positions(token_positions: Tensor, x_shape: torch.Size, max_seq_len: int) -> Tensor:
+    """token_positions as int64, after checking its shape against x's and that every position lies in [0, max_seq_len).
+
+    Raises ValueError naming the shapes, or the smallest and largest position found. Without the checks, a (1,)
+    vector would broadcast one angle over every token, a negative position would silently read the tables from
+    their end, and one past the end fails (asynchronously, on a GPU).
     """
-    if token_positions.numel() > 0:
+    if not _broadcasts_to(token_positions.shape, x_shape[:-1]):  # a few comparisons: stays on always
+        raise ValueError(f"RotaryPositionalEmbedding: token_positions must have shape (..., seq) = (..., {x_shape[-2]}) "
+                         f"with leading dimensions that broadcast to x's {tuple(x_shape[:-2])}, got token_positions "
+                         f"{tuple(token_positions.shape)} for x {tuple(x_shape)}")
+    if token_positions.numel() > 0 and not torch.compiler.is_compiling():  # skipped when compiled: no branching on values
         low, high = torch.stack(torch.aminmax(token_positions)).tolist()  # one read-back from the device
         if low < 0 or high >= max_seq_len:
             raise ValueError(f"RotaryPositionalEmbedding: token_positions must lie in [0, max_seq_len) = "
                              f"[0, {max_seq_len}), got values from {low} to {high}")
     return token_positions.long()  # int8 and int16 tensors cannot index a table
+
+
+def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
+    """Whether `shape` has target's last dimension and leading dimensions that broadcast to target's, never beyond."""
+    if len(shape) < 1 or len(shape) > len(target) or shape[-1] != target[-1]:
+        return False
+    return all(a in (1, b) for a, b in zip(reversed(shape[:-1]), reversed(target[:-1])))
 
 
 class RotaryPositionalEmbedding(nn.Module):
@@ -49,7 +62,7 @@ class RotaryPositionalEmbedding(nn.Module):
         self.register_buffer("cos_table", angles.cos().to(device=device, dtype=torch.float32), persistent=False)
         self.register_buffer("sin_table", angles.sin().to(device=device, dtype=torch.float32), persistent=False)
 
-    @jaxtyped(typechecker=beartype)
+    @shape_checked
     def forward(
         self, x: Float[Tensor, "*batch seq d_k"], token_positions: Int[Tensor, "*#batch seq"]
     ) -> Float[Tensor, "*batch seq d_k"]:
@@ -59,10 +72,10 @@ class RotaryPositionalEmbedding(nn.Module):
         so one (seq,) vector serves a whole batch and (batch, 1, seq) serves every head. Raises ValueError for
         a position outside the table or a last dimension != d_k, TypeCheckError for shapes that do not fit.
         """
-        if x.shape[-1] != self.d_k:
+        if x.ndim < 2 or x.shape[-1] != self.d_k:
             raise ValueError(f"RotaryPositionalEmbedding: x's last dimension must be d_k={self.d_k}, "
-                             f"got x of shape {tuple(x.shape)}")
-        token_positions = _checked_positions(token_positions, self.max_seq_len)
+                             f"got x of shape {tuple(x.shape)} (expected (..., seq, {self.d_k}))")
+        token_positions = _checked_positions(token_positions, x.shape, self.max_seq_len)
         cos = self.cos_table[token_positions].to(x.dtype)  # (..., seq, d_k/2): one angle per token and pair
         sin = self.sin_table[token_positions].to(x.dtype)
         x_even, x_odd = rearrange(x, "... (half two) -> two ... half", two=2)  # pair k = (x[2k], x[2k+1])

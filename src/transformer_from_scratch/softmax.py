@@ -1,14 +1,15 @@
 # Generated from notebooks/03_softmax.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 179aeb52d1b02f8d7864bce374952b81719b2d4896bd0d06971007c56b20080c
+# body-sha256: 0de460914f31744846ab6e19334b3fe8f3647734909deb894ae06a7250585324
 
 import torch
-from beartype import beartype
-from jaxtyping import Float, jaxtyped
+from jaxtyping import Float
 from torch import Tensor
 
+from transformer_from_scratch.shapes import shape_checked
 
-@jaxtyped(typechecker=beartype)
+
+@shape_checked
 def softmax(x: Float[Tensor, "..."], dim: int) -> Float[Tensor, "..."]:
     """Softmax along `dim`: exp(x) / sum(exp(x)), computed without overflow.
 
@@ -27,7 +28,8 @@ def softmax(x: Float[Tensor, "..."], dim: int) -> Float[Tensor, "..."]:
         distribution (0/0) and comes out as NaN, exactly as with torch.softmax: a silent
         made-up answer would hide a masking bug (attention handles fully masked rows itself).
         float16 and bfloat16 inputs are computed in float32 and cast back, like PyTorch does.
-        x itself is left unchanged, and gradients flow back to it.
+        x itself is left unchanged. The gradient is computed by hand, p ⊙ (g − ⟨g, p⟩), from the output p
+        alone, with differentiable operations, so second derivatives work too.
 
     Raises:
         IndexError: `dim` is out of range for x.ndim (for a 0-d x: anything but 0 and -1).
@@ -40,8 +42,26 @@ def softmax(x: Float[Tensor, "..."], dim: int) -> Float[Tensor, "..."]:
         )
     if x.numel() == 0:  # nothing to normalise: an empty tensor gives an empty result, like torch
         return x.clone()
-    z = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    # The shift is a constant for each slice: the result does not depend on it, so no gradient flows through it.
-    shifted = z - z.amax(dim=dim, keepdim=True).detach()
-    exps = torch.exp(shifted)
-    return (exps / exps.sum(dim=dim, keepdim=True)).to(x.dtype)
+    return _Softmax.apply(x, dim)
+
+
+class _Softmax(torch.autograd.Function):
+    """softmax's forward pass, and its backward pass written by hand: dL/dx = p ⊙ (g − ⟨g, p⟩)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, dim: int) -> Tensor:
+        z = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        p = torch.exp(z - z.amax(dim=dim, keepdim=True))  # a new tensor: safe to divide in place
+        p /= p.sum(dim=dim, keepdim=True)
+        p = p.to(x.dtype)
+        ctx.save_for_backward(p)  # the backward pass needs the output only
+        ctx.dim = dim
+        return p
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> tuple[Tensor, None]:
+        (p,) = ctx.saved_tensors
+        p = p.float() if p.dtype in (torch.float16, torch.bfloat16) else p
+        gp = g.to(p.dtype) * p
+        gp = gp - p * gp.sum(dim=ctx.dim, keepdim=True)  # p ⊙ g − p ⟨g, p⟩
+        return gp.to(g.dtype), None  # no gradient for `dim`

@@ -1,13 +1,13 @@
 # Generated from notebooks/07_swiglu.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: a190dd1d7594ae5deedbf9947aaa6ecc55506c77fec704d48d8ff90b054fcf8e
+# body-sha256: 9e435aa8c1aa48f2ccab75c116f667aae2532b8efceb48457f431e108994c04c
 
 import torch
-from beartype import beartype
-from jaxtyping import Float, jaxtyped
+from jaxtyping import Float
 from torch import Tensor, nn
 
 from transformer_from_scratch.linear import Linear
+from transformer_from_scratch.shapes import shape_checked
 
 
 def swiglu_hidden_size(d_model: int, multiple_of: int = 64) -> int:
@@ -31,7 +31,7 @@ def swiglu_hidden_size(d_model: int, multiple_of: int = 64) -> int:
     return (8 * d_model + step - 1) // step * multiple_of
 
 
-@jaxtyped(typechecker=beartype)
+@shape_checked
 def silu(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
     """SiLU (Swish with β = 1): silu(x) = x · sigmoid(x), element by element.
 
@@ -67,7 +67,7 @@ class SwiGLU(nn.Module):
         self.w2 = Linear(d_ff, d_model, device=device, dtype=dtype)
         self.w3 = Linear(d_model, d_ff, device=device, dtype=dtype)
 
-    @jaxtyped(typechecker=beartype)
+    @shape_checked
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         """w2(silu(w1 x) ⊙ w3 x): (..., d_model) -> (..., d_model)."""
         return self.w2(silu(self.w1(x)) * self.w3(x))

@@ -1,19 +1,19 @@
 # Generated from notebooks/09_transformer_block.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 5a23acde3d646ca221147de4e9c43d20a6dd36e8d25691208ce8509a33745dc7
+# body-sha256: f5646fa2752f83a5f348bb78465389441d92cf041dcacd81c42dc16c6e09bd88
 
-from beartype import beartype
-from jaxtyping import Float, Int, jaxtyped
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from transformer_from_scratch.multihead_attention import MultiHeadSelfAttention
 from transformer_from_scratch.rmsnorm import RMSNorm
+from transformer_from_scratch.shapes import shape_checked
 from transformer_from_scratch.swiglu import SwiGLU
 
 
 def _check_input(block: "TransformerBlock", x: Tensor) -> None:
     """TransformerBlock.forward's checks of what only the block knows, each a ValueError that names the numbers."""
-    if x.shape[-1] != block.d_model:
+    if x.ndim < 2 or x.shape[-1] != block.d_model:
         raise ValueError(f"TransformerBlock expected x of shape (..., seq, {block.d_model}) "
                          f"(d_model={block.d_model}), got shape {tuple(x.shape)}")
     if block.max_seq_len is not None and x.shape[-2] > block.max_seq_len:
@@ -55,7 +55,7 @@ class TransformerBlock(nn.Module):
         self.ln2 = RMSNorm(d_model, device=device, dtype=dtype)
         self.ffn = SwiGLU(d_model, d_ff, device=device, dtype=dtype)
 
-    @jaxtyped(typechecker=beartype)
+    @shape_checked
     def forward(self, x: Float[Tensor, "*batch seq d_model"],
                 token_positions: Int[Tensor, "*#batch seq"] | None = None) -> Float[Tensor, "*batch seq d_model"]:
         """(..., seq, d_model) -> (..., seq, d_model); token_positions (..., seq) go to RoPE, None = 0 … seq-1."""

@@ -1,15 +1,15 @@
 # Generated from notebooks/10_transformer_lm.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 8422222c081b98fb74aa4c4d52001d69d8605c6788bb3872ab720d67d80b66a3
+# body-sha256: d0a4060f197a2ef130a7538705e27d5582589ae0a73af90aff9ed31c054fa884
 
 import torch
-from beartype import beartype
-from jaxtyping import Float, Int, jaxtyped
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from transformer_from_scratch.embedding import Embedding
 from transformer_from_scratch.linear import Linear
 from transformer_from_scratch.rmsnorm import RMSNorm
+from transformer_from_scratch.shapes import shape_checked
 from transformer_from_scratch.softmax import softmax
 from transformer_from_scratch.transformer_block import TransformerBlock
 
@@ -23,12 +23,17 @@ def _check_arguments(vocab_size: int, context_length: int, num_layers: int) -> N
 
 def _check_input(model: "TransformerLM", token_ids: Tensor) -> None:
     """TransformerLM.forward's checks of what only the model knows, each a ValueError that names the numbers."""
+    if token_ids.ndim < 1:
+        raise ValueError(f"TransformerLM expects token ids of shape (..., seq), got a 0-d tensor: "
+                         f"wrap one id as a sequence, token_ids.view(1)")
+    if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
+        raise TypeError(f"TransformerLM expects integer token ids (torch.long), got dtype {token_ids.dtype}")
     seq = token_ids.shape[-1]
     if seq > model.context_length:
         raise ValueError(f"TransformerLM: the sequence has {seq} tokens, more than context_length="
                          f"{model.context_length} (token_ids of shape {tuple(token_ids.shape)}); keep the last "
                          f"{model.context_length} tokens, as generate does")
-    if token_ids.numel() > 0:
+    if token_ids.numel() > 0 and not torch.compiler.is_compiling():  # skipped when compiled: no branching on values
         low, high = torch.stack(torch.aminmax(token_ids)).tolist()  # one read-back from the device
         if low < 0 or high >= model.vocab_size:
             raise ValueError(f"TransformerLM: token ids must be in [0, {model.vocab_size - 1}] (vocab_size="
@@ -68,7 +73,7 @@ class TransformerLM(nn.Module):
         self.ln_final = RMSNorm(d_model, device=device, dtype=dtype)
         self.lm_head = Linear(d_model, vocab_size, device=device, dtype=dtype)
 
-    @jaxtyped(typechecker=beartype)
+    @shape_checked
     def forward(self, token_ids: Int[Tensor, "*batch seq"],
                 token_positions: Int[Tensor, "*#batch seq"] | None = None) -> Float[Tensor, "*batch seq vocab"]:
         """(..., seq) ids -> (..., seq, vocab_size) logits; token_positions (..., seq), None = 0 … seq-1."""

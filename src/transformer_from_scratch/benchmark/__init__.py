@@ -1,0 +1,6 @@
+"""`make bench`: how fast the from-scratch model is, measured against the same model built from PyTorch's built-ins.
+
+`python -m transformer_from_scratch.benchmark` (see `__main__.py`) prints a table and writes it to
+build/benchmark.md. `reference.ReferenceLM` is the yardstick: the same weights, run through `F.linear`,
+`F.rms_norm`, `F.silu`, `F.embedding` and `F.scaled_dot_product_attention`.
+"""

@@ -1,0 +1,292 @@
+"""`make bench`: the from-scratch TransformerLM against the same model built from PyTorch's built-ins.
+
+    python -m transformer_from_scratch.benchmark [--out build/benchmark.md] [--no-compile] [--no-notebooks]
+
+Prints a Markdown table and writes it to --out. Every measurement runs in a fresh Python process (a clean
+allocator, a clean peak-memory reading, no compiled code left over from another row):
+
+* training: forward + backward (cross-entropy loss) tokens/s and peak memory, for the reference
+  (`ReferenceLM`: F.linear, F.rms_norm, F.silu, F.embedding, F.scaled_dot_product_attention(is_causal=True), on
+  a copy of the same weights), for our model with its shape checks on and off, with `fused=True`, and
+  compiled with `torch.compile`. "× ref" is our tokens/s over the reference's: 1.0 means as fast.
+  MFU is the model's matrix FLOPs (count_resources, ×3 for forward + backward) per second over this machine's
+  own measured float32 matmul throughput (not a datasheet peak).
+* decode: tokens/s of `generate` at batch 1, greedy, ours against the reference through the same loop.
+* notebooks: each notebook's time under nbval, against the floor: the same command on a notebook whose only
+  cell imports torch.
+
+Targets (issue 13), on the CPU: checks off >= 0.9× the reference for training, fused >= 1.0×, decode with
+checks off >= 0.9×, and the ten notebooks under nbval <= 2× ten floors. The table says which are met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+# The issue's training shape on a CPU, and a larger one (GPT-2 small's width and depth) on a GPU.
+SHAPES = {
+    "cpu": dict(batch=8, seq=256, vocab_size=4096, d_model=256, num_layers=4, num_heads=8, d_ff=704),
+    "cuda": dict(batch=8, seq=1024, vocab_size=32768, d_model=768, num_layers=12, num_heads=12, d_ff=2048),
+}
+TRAIN_ROWS = ["reference", "ours, checks on", "ours, checks off", "ours fused, checks off",
+              "reference, compiled", "ours, compiled", "ours fused, compiled"]
+DECODE_ROWS = ["reference", "ours, checks on", "ours, checks off", "ours fused, checks off"]
+DECODE = dict(prompt=32, new_tokens=96)
+
+
+# ---------------------------------------------------------------- one measurement, in its own process
+
+def _build(row: str, device: str, shape: dict):
+    import torch
+
+    import transformer_from_scratch as tfs
+    from transformer_from_scratch.benchmark.reference import ReferenceLM
+
+    torch.manual_seed(0)
+    sizes = {k: shape[k] for k in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff")}
+    ours = tfs.TransformerLM(context_length=shape["seq"], rope_theta=10000.0, device=device, fused="fused" in row,
+                             **sizes)
+    tfs.set_shape_checks("checks on" in row)
+    model = ReferenceLM(ours) if row.startswith("reference") else ours
+    if "compiled" in row:
+        model = torch.compile(model, fullgraph=True)
+    return model
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _rss_bytes() -> int:
+    """This process's resident memory now (Linux)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def measure_training(row: str, device: str, steps: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    shape = SHAPES[device]
+    model = _build(row, device, shape)
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, shape["vocab_size"], (shape["batch"], shape["seq"] + 1), generator=generator).to(device)
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+
+    def step() -> None:
+        logits = model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss.backward()
+        for p in model.parameters():
+            p.grad = None
+
+    baseline = _rss_bytes()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        baseline = torch.cuda.memory_allocated()
+    start = time.perf_counter()
+    step()  # the first step compiles, when compiling
+    _sync(device)
+    first = time.perf_counter() - start
+    step()
+    times = []
+    for _ in range(steps):
+        _sync(device)
+        start = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    if device == "cuda":
+        peak = torch.cuda.max_memory_allocated() - baseline
+    else:  # ru_maxrss is the high-water mark of the whole process, in KiB on Linux
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline
+    seconds = statistics.median(times)
+    return dict(seconds=seconds, tokens_per_s=shape["batch"] * shape["seq"] / seconds, peak_bytes=peak,
+                first_step_s=first)
+
+
+def measure_decode(row: str, device: str, repeats: int) -> dict:
+    import torch
+
+    import transformer_from_scratch as tfs
+
+    shape = dict(SHAPES[device], seq=DECODE["prompt"] + DECODE["new_tokens"])
+    model = _build(row, device, shape)
+    prompt = torch.randint(0, shape["vocab_size"], (DECODE["prompt"],),
+                           generator=torch.Generator().manual_seed(2)).to(device)
+    tfs.generate(model, prompt, 8, temperature=0)  # warm up
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        new = tfs.generate(model, prompt, DECODE["new_tokens"], temperature=0)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return dict(tokens_per_s=len(new) / statistics.median(times))
+
+
+def measure_matmul(device: str) -> dict:
+    """This machine's float32 matrix-multiply throughput (FLOP/s): the best of several n×n products."""
+    import torch
+
+    n = 2048 if device == "cpu" else 8192
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    best = float("inf")
+    for _ in range(6):
+        _sync(device)
+        start = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return dict(flops_per_s=2 * n**3 / best)
+
+
+def _run_child(kind: str, row: str, device: str) -> dict:
+    """Run one measurement in a fresh interpreter and return its JSON result."""
+    command = [sys.executable, "-m", "transformer_from_scratch.benchmark", "--child", kind, row, device]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    if done.returncode != 0:
+        raise RuntimeError(f"benchmark row {kind}/{row} on {device} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------- notebooks under nbval
+
+def _nbval_seconds(notebook: Path) -> float:
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
+               "--nbval-sanitize-with", str(REPO / "tests" / "nbval_sanitize.cfg"), str(notebook)]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"nbval failed on {notebook.name}:\n{done.stdout[-3000:]}")
+    return seconds
+
+
+def measure_notebooks() -> dict:
+    import nbformat
+
+    with tempfile.TemporaryDirectory() as folder:
+        floor_notebook = Path(folder) / "floor.ipynb"
+        notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import torch")])
+        notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(notebook, floor_notebook)
+        floor = min(_nbval_seconds(floor_notebook) for _ in range(2))
+    times = {path.name: _nbval_seconds(path) for path in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
+    return dict(floor=floor, notebooks=times)
+
+
+# ---------------------------------------------------------------- the table
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def _verdict(value: float, target: float) -> str:
+    return f"met (≥ {target:g}×)" if value >= target else f"missed: {value / target:.0%} of the target {target:g}×"
+
+
+def report(device: str, compile_rows: bool, notebooks: bool) -> str:
+    import torch
+
+    import transformer_from_scratch as tfs
+
+    shape = SHAPES[device]
+    machine = (f"{_cpu_name()}, {os.cpu_count()} cores" if device == "cpu" else torch.cuda.get_device_name())
+    lines = [f"Benchmark of {datetime.date.today().isoformat()}: {machine}; torch {torch.__version__}, "
+             f"Python {platform.python_version()}.", ""]
+    flops = 3 * shape["batch"] * tfs.count_resources(shape["vocab_size"], shape["seq"], shape["d_model"],
+                                                     shape["num_layers"], shape["num_heads"],
+                                                     shape["d_ff"])["flops"]["total"]
+    matmul = _run_child("matmul", "-", device)["flops_per_s"]
+    lines += [f"**Training**, forward + backward on {device}: batch {shape['batch']}, seq {shape['seq']}, d_model "
+              f"{shape['d_model']}, {shape['num_layers']} layers, {shape['num_heads']} heads, d_ff {shape['d_ff']}, "
+              f"vocab {shape['vocab_size']}. Matmul throughput measured here: {matmul / 1e9:,.0f} GFLOP/s (float32).",
+              "", "| model | tokens/s | × ref | peak memory | MFU | first step |", "|---|---:|---:|---:|---:|---:|"]
+    results = {}
+    for row in TRAIN_ROWS:
+        if "compiled" in row and not compile_rows:
+            continue
+        print(f"  training: {row} …", file=sys.stderr, flush=True)
+        results[row] = r = _run_child("train", row, device)
+        ratio = r["tokens_per_s"] / results["reference"]["tokens_per_s"]
+        lines.append(f"| {row} | {r['tokens_per_s']:,.0f} | {ratio:.2f} | {_mib(r['peak_bytes'])} | "
+                     f"{flops / r['seconds'] / matmul:.0%} | {r['first_step_s']:.1f} s |")
+    lines += ["", "**Decode**: `generate` at batch 1, greedy, a prompt of "
+              f"{DECODE['prompt']} tokens and {DECODE['new_tokens']} new ones (no KV cache: each step runs the model "
+              "on the whole window).", "", "| model | tokens/s | × ref |", "|---|---:|---:|"]
+    decode = {}
+    for row in DECODE_ROWS:
+        print(f"  decode: {row} …", file=sys.stderr, flush=True)
+        decode[row] = d = _run_child("decode", row, device)
+        lines.append(f"| {row} | {d['tokens_per_s']:,.1f} | {d['tokens_per_s'] / decode['reference']['tokens_per_s']:.2f} |")
+    ref = results["reference"]["tokens_per_s"]
+    lines += ["", "**Targets** (issue 13, CPU):",
+              f"- training, checks off ≥ 0.9× the reference: "
+              f"{_verdict(results['ours, checks off']['tokens_per_s'] / ref, 0.9)}",
+              f"- training, fused ≥ 1.0×: {_verdict(results['ours fused, checks off']['tokens_per_s'] / ref, 1.0)}",
+              f"- decode, checks off ≥ 0.9×: "
+              f"{_verdict(decode['ours, checks off']['tokens_per_s'] / decode['reference']['tokens_per_s'], 0.9)}"]
+    if notebooks:
+        print("  notebooks under nbval …", file=sys.stderr, flush=True)
+        nb = measure_notebooks()
+        total, floor = sum(nb["notebooks"].values()), nb["floor"]
+        lines.append(f"- the ten notebooks under nbval ≤ 2× ten floors: "
+                     f"{'met' if total <= 20 * floor else 'missed'}: {total:.0f} s against {10 * floor:.0f} s, "
+                     f"{total / (10 * floor):.2f}×")
+        lines += ["", f"**Notebooks** under nbval (floor: {floor:.1f} s, a notebook that only imports torch).", "",
+                  "| notebook | seconds | over the floor |", "|---|---:|---:|"]
+        lines += [f"| {name} | {seconds:.1f} | {seconds - floor:+.1f} |" for name, seconds in nb["notebooks"].items()]
+        lines.append(f"| all ten | {total:.1f} | {total - 10 * floor:+.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO / "build" / "benchmark.md")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows (slow to compile)")
+    parser.add_argument("--no-notebooks", action="store_true", help="skip timing the notebooks under nbval")
+    parser.add_argument("--child", nargs=3, metavar=("KIND", "ROW", "DEVICE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        kind, row, device = args.child
+        measure = {"train": lambda: measure_training(row, device, steps=5 if device == "cpu" else 20),
+                   "decode": lambda: measure_decode(row, device, repeats=3),
+                   "matmul": lambda: measure_matmul(device)}[kind]
+        print(json.dumps(measure()))
+        return
+    import torch
+
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    text = "\n".join(report(device, not args.no_compile, not args.no_notebooks and device == "cpu")
+                     for device in devices)
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(f"written to {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
