@@ -183,7 +183,7 @@ def test_device_and_dtype_are_honoured(device, dtype):
 
 
 def test_wrong_last_dimension_names_both_sizes():
-    with pytest.raises(ValueError, match=r"\(\.\.\., 8\).*d_model=8.*got shape \(2, 3, 5\).*last dimension is 5"):
+    with pytest.raises(ValueError, match=r"\(\.\.\., 8\).*d_model=8.*got shape \(2, 3, 5\)"):
         RMSNorm(8)(torch.randn(2, 3, 5))
 
 

@@ -105,7 +105,7 @@ def test_float_ids_are_refused():
 
 
 def test_bad_sizes_are_refused():
-    with pytest.raises(ValueError, match="num_layers >= 1"):
+    with pytest.raises(ValueError, match="every size must be >= 1.*num_layers=0"):
         TransformerLM(V, CTX, D, 0, H, D_FF, THETA)
 
 

@@ -1,6 +1,6 @@
 # Generated from notebooks/05_attention.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: f9dedef8d22bf38b39b6b95a220a1b50f1b32e3e6d8dcea9e92867765e7517b0
+# body-sha256: 00e98308c930830670fc472abb92dfd55122d4d8ebec83922e970792cbe05032
 
 import math
 
@@ -18,7 +18,11 @@ def _check_shapes(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None) -> None:
 
     A few comparisons of shapes, no work on the data: it stays on when the run-time shape checks are off, so that
     nothing ever broadcasts silently (einsum would happily broadcast a K with a leading dimension of 1).
+    Raises TypeError when Q, K or V is not floating point.
     """
+    for name, t in (("Q", Q), ("K", K), ("V", V)):
+        if not t.is_floating_point():
+            raise TypeError(f"scaled_dot_product_attention: {name} must be a floating-point tensor, got dtype {t.dtype}")
     if (Q.ndim < 2 or K.ndim != Q.ndim or V.ndim != Q.ndim or K.shape[:-2] != Q.shape[:-2]
             or V.shape[:-1] != K.shape[:-1] or K.shape[-1] != Q.shape[-1]):
         raise ValueError(f"scaled_dot_product_attention expects Q (..., n, d_k), K (..., m, d_k) and V (..., m, d_v) "

@@ -1,6 +1,6 @@
 # Generated from notebooks/02_embedding.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 4d72527a8840b4588303786daad4811e4bbb3e5bfb65b48326b78c881a668ea0
+# body-sha256: a6cd3c080adabe18365970e7d6fb6fc6391d7ddf94aedccd96b7f34bb1fe082a
 
 import torch
 from jaxtyping import Float, Shaped
@@ -74,7 +74,7 @@ class Embedding(nn.Module):
     def forward(self, token_ids: Shaped[Tensor, "*batch"]) -> Float[Tensor, "*batch d_model"]:
         """Row token_ids[...] of the table for every id, as a copy: (...) -> (..., embedding_dim)."""
         ids = _checked_ids(token_ids, self.num_embeddings)
-        rows = self.weight[ids.reshape(-1)]  # gather one row per token: (N, d_model), always a copy
+        rows = torch.index_select(self.weight, 0, ids.reshape(-1))  # one row per token: (N, d_model), a copy
         return rows.reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:

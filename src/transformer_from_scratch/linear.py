@@ -1,6 +1,6 @@
 # Generated from notebooks/01_linear.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 81dfba3fcfa83c96fb6316a458f43eca045822b1b6777839e866da317c837849
+# body-sha256: 4ab0b5d0df95ee3aef2212e22a69e32dc57e7ebb7b9a08a719fc8f8b1339417b
 
 import math
 
@@ -41,6 +41,8 @@ class Linear(nn.Module):
     @shape_checked
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
         """y = W x for every vector along the last dimension: (..., d_in) -> (..., d_out)."""
+        if not x.is_floating_point():
+            raise TypeError(f"Linear expects a floating-point input, got dtype {x.dtype} (ids go through an Embedding)")
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise ValueError(
                 f"Linear expected an input of shape (..., {self.in_features}) (in_features={self.in_features}), "

@@ -1,6 +1,6 @@
 # Generated from notebooks/08_multihead_attention.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: b2f52e523f183d951182542412c420dd8d0a70ad94ded197f48346baee9be39c
+# body-sha256: 017214fff17e7299e05f52bffb1baad33c456d0674caea5c2bd67b2c3cd5c583
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,13 @@ def _check_input(module: "MultiHeadSelfAttention", x: Tensor, token_positions: T
     if module.max_seq_len is not None and x.shape[-2] > module.max_seq_len:
         raise ValueError(f"MultiHeadSelfAttention: the sequence has {x.shape[-2]} tokens, more than "
                          f"max_seq_len={module.max_seq_len} (x of shape {tuple(x.shape)})")
+    lead = x.shape[:-1]  # (..., seq): what token_positions must broadcast to, without growing it
+    if token_positions is not None and (
+            token_positions.ndim < 1 or token_positions.ndim > len(lead) or token_positions.shape[-1] != lead[-1]
+            or any(a not in (1, b) for a, b in zip(reversed(token_positions.shape[:-1]), reversed(lead[:-1])))):
+        raise ValueError(f"MultiHeadSelfAttention: token_positions must have shape (..., seq) = (..., {lead[-1]}) with "
+                         f"leading dimensions that broadcast to x's {tuple(lead[:-1])}, got token_positions "
+                         f"{tuple(token_positions.shape)} for x {tuple(x.shape)}")
     if module.max_seq_len is None and token_positions is not None:
         raise ValueError("MultiHeadSelfAttention: token_positions were given, but this module has no RoPE "
                          "(build it with max_seq_len and theta to use positions)")

@@ -1,9 +1,8 @@
 # Generated from notebooks/06_rope.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 01387c037034c17667785f60face060dcab07d264a66702379a20ca9cb9e4594
+# body-sha256: b2801028749496d543e54b05d513d2ce9a89a3adea20a3cec18b4f141979d185
 
 import torch
-from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
@@ -17,6 +16,8 @@ def _checked_positions(token_positions: Tensor, x_shape: torch.Size, max_seq_len
     vector would broadcast one angle over every token, a negative position would silently read the tables from
     their end, and one past the end fails (asynchronously, on a GPU).
     """
+    if token_positions.dtype.is_floating_point or token_positions.dtype == torch.bool:
+        raise TypeError(f"RotaryPositionalEmbedding: token_positions must be integers, got dtype {token_positions.dtype}")
     if not _broadcasts_to(token_positions.shape, x_shape[:-1]):  # a few comparisons: stays on always
         raise ValueError(f"RotaryPositionalEmbedding: token_positions must have shape (..., seq) = (..., {x_shape[-2]}) "
                          f"with leading dimensions that broadcast to x's {tuple(x_shape[:-2])}, got token_positions "
@@ -44,11 +45,8 @@ class RotaryPositionalEmbedding(nn.Module):
     No parameters: cos and sin of every angle are computed once, two (max_seq_len, d_k/2) tables kept as the
     non-persistent buffers cos_table and sin_table (they follow .to(device), stay out of the state dict).
 
-    Args:
-        theta: the base Θ of the frequencies (10,000 in RoFormer and Llama).
-        d_k: size of the vectors to rotate (a head's query/key size); even.
-        max_seq_len: positions 0 … max_seq_len - 1 are supported.
-        device: where the tables live.
+    Args: theta, the base Θ of the frequencies (10,000 in RoFormer and Llama); d_k, the even size of the vectors
+    to rotate (a head's query/key size); max_seq_len, for positions 0 … max_seq_len - 1; device, for the tables.
     """
 
     def __init__(self, theta: float, d_k: int, max_seq_len: int, device: torch.device | str | None = None):
@@ -68,16 +66,18 @@ class RotaryPositionalEmbedding(nn.Module):
     ) -> Float[Tensor, "*batch seq d_k"]:
         """Rotate each token's pairs by the angles of its position: same shape and dtype as x (..., seq, d_k).
 
-        token_positions (..., seq): integers in [0, max_seq_len); its leading dimensions broadcast against x's,
-        so one (seq,) vector serves a whole batch and (batch, 1, seq) serves every head. Raises ValueError for
-        a position outside the table or a last dimension != d_k, TypeCheckError for shapes that do not fit.
-        """
+        token_positions (..., seq): integers in [0, max_seq_len) whose leading dimensions broadcast against x's: one
+        (seq,) vector serves a whole batch, (batch, 1, seq) every head. Bad shapes or positions raise ValueError."""
         if x.ndim < 2 or x.shape[-1] != self.d_k:
             raise ValueError(f"RotaryPositionalEmbedding: x's last dimension must be d_k={self.d_k}, "
                              f"got x of shape {tuple(x.shape)} (expected (..., seq, {self.d_k}))")
         token_positions = _checked_positions(token_positions, x.shape, self.max_seq_len)
-        cos = self.cos_table[token_positions].to(x.dtype)  # (..., seq, d_k/2): one angle per token and pair
-        sin = self.sin_table[token_positions].to(x.dtype)
-        x_even, x_odd = rearrange(x, "... (half two) -> two ... half", two=2)  # pair k = (x[2k], x[2k+1])
-        rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
-        return rearrange(rotated, "... half two -> ... (half two)")
+        compute = torch.promote_types(x.dtype, torch.float32)  # half precision is rotated in float32
+        cos = self.cos_table[token_positions].to(compute)  # (..., seq, d_k/2): one angle per token and pair
+        sin = self.sin_table[token_positions].to(compute)
+        # Pair k as the complex number x[2k] + i·x[2k+1]: the rotation by θ is one multiplication by cos θ + i·sin θ.
+        pairs = x.to(compute).unflatten(-1, (-1, 2))  # (..., seq, d_k/2, 2): a view, no copy
+        if pairs.stride(-1) != 1 or any(s % 2 for s in pairs.stride()[:-1]):
+            pairs = pairs.contiguous()  # view_as_complex reads each pair as two neighbours in memory
+        rotated = torch.view_as_complex(pairs) * torch.complex(cos, sin)
+        return torch.view_as_real(rotated).flatten(-2).to(x.dtype)  # back to x[2k], x[2k+1], x's dtype

@@ -30,12 +30,14 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import torch
-from beartype import beartype
+from beartype import BeartypeConf, beartype
 from jaxtyping import TypeCheckError, config, jaxtyped
 
 F = TypeVar("F", bound=Callable)
 
 _enabled = not config.jaxtyping_disable
+# PEP 484's numeric tower: an int is accepted where a float is annotated (temperature=0, theta=10_000).
+_typechecker = beartype(conf=BeartypeConf(is_pep484_tower=True))
 
 
 def shape_checks_enabled() -> bool:
@@ -87,7 +89,7 @@ def _summary(name: str, report: str) -> str | None:
 
 def shape_checked(fn: F) -> F:
     """``@jaxtyped(typechecker=beartype)``, with a first line that says what is wrong, and an off switch."""
-    checked = jaxtyped(typechecker=beartype)(fn)
+    checked = jaxtyped(typechecker=_typechecker)(fn)
     name = fn.__qualname__
 
     @functools.wraps(fn)

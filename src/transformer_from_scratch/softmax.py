@@ -1,6 +1,6 @@
 # Generated from notebooks/03_softmax.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 0de460914f31744846ab6e19334b3fe8f3647734909deb894ae06a7250585324
+# body-sha256: 171393c1f2453aa349c72160342bd764df57190d72ac0290014f445749b22e37
 
 import torch
 from jaxtyping import Float
@@ -32,8 +32,11 @@ def softmax(x: Float[Tensor, "..."], dim: int) -> Float[Tensor, "..."]:
         alone, with differentiable operations, so second derivatives work too.
 
     Raises:
+        TypeError: x is not a floating-point tensor.
         IndexError: `dim` is out of range for x.ndim (for a 0-d x: anything but 0 and -1).
     """
+    if not x.is_floating_point():
+        raise TypeError(f"softmax expects a floating-point tensor, got dtype {x.dtype}: convert it with .float()")
     ndim = max(x.ndim, 1)  # PyTorch's rule: a 0-d tensor takes dim 0 or -1, like a 1-d one
     if not -ndim <= dim < ndim:
         raise IndexError(
@@ -51,7 +54,7 @@ class _Softmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, dim: int) -> Tensor:
         z = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        p = torch.exp(z - z.amax(dim=dim, keepdim=True))  # a new tensor: safe to divide in place
+        p = (z - z.amax(dim=dim, keepdim=True)).exp_()  # a new tensor: exp and divide it in place
         p /= p.sum(dim=dim, keepdim=True)
         p = p.to(x.dtype)
         ctx.save_for_backward(p)  # the backward pass needs the output only
@@ -63,5 +66,5 @@ class _Softmax(torch.autograd.Function):
         (p,) = ctx.saved_tensors
         p = p.float() if p.dtype in (torch.float16, torch.bfloat16) else p
         gp = g.to(p.dtype) * p
-        gp = gp - p * gp.sum(dim=ctx.dim, keepdim=True)  # p ⊙ g − p ⟨g, p⟩
+        gp -= p * gp.sum(dim=ctx.dim, keepdim=True)  # p ⊙ g − p ⟨g, p⟩, in place: gp is new
         return gp.to(g.dtype), None  # no gradient for `dim`

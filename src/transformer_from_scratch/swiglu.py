@@ -1,6 +1,6 @@
 # Generated from notebooks/07_swiglu.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 9e435aa8c1aa48f2ccab75c116f667aae2532b8efceb48457f431e108994c04c
+# body-sha256: f048bd05a3cd9eb32b9d3f82df8c9d9722469bc742b88e8a767b8f8b2bd612b4
 
 import torch
 from jaxtyping import Float
@@ -36,8 +36,10 @@ def silu(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
     """SiLU (Swish with β = 1): silu(x) = x · sigmoid(x), element by element.
 
     Any shape and any floating dtype; the result has x's shape and dtype, and gradients flow through it.
-    Integer tensors are refused (jaxtyping raises a TypeCheckError, a TypeError): convert with .float() first.
+    Integer and bool tensors are refused with a TypeError: convert with .float() first.
     """
+    if not x.is_floating_point():
+        raise TypeError(f"silu expects a floating-point tensor, got dtype {x.dtype}: convert it with .float()")
     return x * torch.sigmoid(x)
 
 
@@ -61,6 +63,8 @@ class SwiGLU(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, device=None, dtype=None) -> None:
         super().__init__()
+        if d_model < 1 or d_ff < 1:
+            raise ValueError(f"SwiGLU needs positive sizes, got d_model={d_model}, d_ff={d_ff}")
         self.d_model = d_model
         self.d_ff = d_ff
         self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)

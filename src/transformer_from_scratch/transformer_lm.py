@@ -1,9 +1,9 @@
 # Generated from notebooks/10_transformer_lm.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: d0a4060f197a2ef130a7538705e27d5582589ae0a73af90aff9ed31c054fa884
+# body-sha256: 7fe13919ffddd1e261243769247932353e9304f535c905a7ec02c550d3ba6af4
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float, Int, Integer
 from torch import Tensor, nn
 
 from transformer_from_scratch.embedding import Embedding
@@ -14,11 +14,10 @@ from transformer_from_scratch.softmax import softmax
 from transformer_from_scratch.transformer_block import TransformerBlock
 
 
-def _check_arguments(vocab_size: int, context_length: int, num_layers: int) -> None:
-    """TransformerLM's check of its sizes, a ValueError that names them."""
-    if min(vocab_size, context_length, num_layers) < 1:
-        raise ValueError(f"TransformerLM needs vocab_size, context_length and num_layers >= 1, got vocab_size="
-                         f"{vocab_size}, context_length={context_length}, num_layers={num_layers}")
+def _check_arguments(**sizes: int) -> None:
+    """TransformerLM's and count_resources' check of their sizes, a ValueError that names them."""
+    if min(sizes.values()) < 1:
+        raise ValueError(f"every size must be >= 1, got " + ", ".join(f"{k}={v}" for k, v in sizes.items()))
 
 
 def _check_input(model: "TransformerLM", token_ids: Tensor) -> None:
@@ -56,15 +55,15 @@ class TransformerLM(nn.Module):
             max_seq_len). d_model, num_layers, num_heads, d_ff: width, blocks, heads, SwiGLU's hidden width.
         rope_theta: RoPE's base Θ (10,000 in Llama). device, dtype: where and in which dtype to create the weights.
         fused: passed on to every block (attention with F.scaled_dot_product_attention: same logits, faster).
-
-    Raises (in forward):
-        ValueError: the sequence is longer than context_length, or an id lies outside [0, vocab_size).
+    Raises ValueError for a size < 1, a sequence longer than context_length or an id outside [0, vocab_size);
+    TypeError for ids that are not integers.
     """
 
     def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int, num_heads: int,
                  d_ff: int, rope_theta: float, device=None, dtype=None, *, fused: bool = False) -> None:
         super().__init__()
-        _check_arguments(vocab_size, context_length, num_layers)
+        _check_arguments(vocab_size=vocab_size, context_length=context_length, d_model=d_model, num_layers=num_layers,
+                         num_heads=num_heads, d_ff=d_ff)
         self.vocab_size, self.context_length, self.num_layers = vocab_size, context_length, num_layers
         self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
         self.layers = nn.ModuleList(
@@ -74,7 +73,7 @@ class TransformerLM(nn.Module):
         self.lm_head = Linear(d_model, vocab_size, device=device, dtype=dtype)
 
     @shape_checked
-    def forward(self, token_ids: Int[Tensor, "*batch seq"],
+    def forward(self, token_ids: Integer[Tensor, "*batch seq"],
                 token_positions: Int[Tensor, "*#batch seq"] | None = None) -> Float[Tensor, "*batch seq vocab"]:
         """(..., seq) ids -> (..., seq, vocab_size) logits; token_positions (..., seq), None = 0 … seq-1."""
         _check_input(self, token_ids)
@@ -105,6 +104,8 @@ def count_resources(vocab_size: int, context_length: int, d_model: int, num_laye
     the softmax and SiLU are elementwise and left out. num_heads changes none of the numbers (the heads slice
     d_model) but must divide d_model. All numbers are Python ints (exact for any size).
     """
+    _check_arguments(vocab_size=vocab_size, context_length=context_length, d_model=d_model, num_layers=num_layers,
+                     num_heads=num_heads, d_ff=d_ff)
     if d_model % num_heads != 0:
         raise ValueError(f"count_resources: num_heads must divide d_model, got d_model={d_model}, "
                          f"num_heads={num_heads}")
@@ -128,6 +129,7 @@ def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) 
         raise ValueError(f"top_p must lie in (0, 1] (or None: no top-p filter), got {top_p}")
 
 
+@shape_checked
 def next_token_distribution(logits: Float[Tensor, "*batch vocab"], temperature: float = 1.0,
                             top_k: int | None = None, top_p: float | None = None) -> Float[Tensor, "*batch vocab"]:
     """The probabilities that generate draws the next token from, given the logits of the last position.
@@ -143,6 +145,9 @@ def next_token_distribution(logits: Float[Tensor, "*batch vocab"], temperature: 
         ValueError: temperature < 0, top_k < 1, or top_p outside (0, 1].
     """
     _check_sampling(temperature, top_k, top_p)
+    if logits.ndim < 1 or not logits.is_floating_point():
+        raise ValueError(f"next_token_distribution expects floating-point logits of shape (..., vocab), got shape "
+                         f"{tuple(logits.shape)} and dtype {logits.dtype}")
     if temperature == 0:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
     scaled = logits / temperature

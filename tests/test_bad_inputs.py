@@ -1,0 +1,459 @@
+"""The bad-input matrix (issue 13): every wrong shape, dtype or value a learner is likely to pass to a public
+class or function, in one list, CASES. Each case must raise an error of the expected type whose FIRST line
+says what is wrong (the argument, what was expected, what it got): once with the run-time shape checks on
+and once with them off (`shape_checks(False)`), where only the cheap explicit checks inside each forward remain.
+
+A case whose expectation carries `gap=...` does not meet it today: the gap says what happens instead (a raw
+torch error, or no error at all). Such a case is a strict xfail, so it shows as "x" in every run, and turns
+into a failure ("XPASS(strict)") the day the component is fixed: then delete its `gap=`.
+
+The second test, test_nothing_broadcasts_silently, takes the inputs that PyTorch's own ops (or the textbook
+formula) would broadcast without a word, and checks that ours refuse them, with the checks on and off.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from jaxtyping import TypeCheckError
+
+from transformer_from_scratch import (
+    Embedding,
+    Linear,
+    MultiHeadSelfAttention,
+    RMSNorm,
+    RotaryPositionalEmbedding,
+    SwiGLU,
+    TransformerBlock,
+    TransformerLM,
+    count_resources,
+    generate,
+    next_token_distribution,
+    scaled_dot_product_attention,
+    shape_checks,
+    silu,
+    softmax,
+    swiglu_hidden_size,
+)
+
+# Small sizes, all different, so that a message naming the wrong size cannot pass by accident.
+D_MODEL, HEADS, D_FF, MAX_SEQ, VOCAB, THETA = 16, 4, 32, 8, 50, 10_000.0
+D_K = 8  # RoPE on its own: (..., seq, 8) vectors, positions 0 ... 7
+
+
+class Raises:
+    """What one mode must raise: the exact exception type, and phrases that must all be in the message's first line.
+
+    gap: non-empty when the component does not do this today; says what it does instead (the case is a strict xfail).
+    """
+
+    def __init__(self, error: type[Exception], *phrases: str, gap: str = "") -> None:
+        assert 1 <= len(phrases) <= 3, "one to three phrases"
+        self.error, self.phrases, self.gap = error, phrases, gap
+
+    def __repr__(self) -> str:
+        return f"Raises({self.error.__name__}, {', '.join(map(repr, self.phrases))})"
+
+
+def case(name: str, call, on: Raises, off: Raises | None = None):
+    """One row of the matrix: `call()` builds the component and makes the bad call; `off` defaults to `on`."""
+    return pytest.param(call, on, on if off is None else off, id=name)
+
+
+def TCE(*phrases: str, gap: str = "") -> Raises:
+    """jaxtyping's TypeCheckError; its first line: "<Qualname>: <arg> is <actual>, which does not fit <expected>"."""
+    return Raises(TypeCheckError, *phrases, gap=gap)
+
+
+def randn(*shape):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(0))
+
+
+def lm(**kwargs):
+    sizes = dict(vocab_size=VOCAB, context_length=MAX_SEQ, d_model=D_MODEL, num_layers=1, num_heads=HEADS,
+                 d_ff=D_FF, rope_theta=THETA)
+    return TransformerLM(**(sizes | kwargs))
+
+
+def mha(**kwargs):
+    return MultiHeadSelfAttention(**(dict(d_model=D_MODEL, num_heads=HEADS, max_seq_len=MAX_SEQ, theta=THETA) | kwargs))
+
+
+def block(**kwargs):
+    sizes = dict(d_model=D_MODEL, num_heads=HEADS, d_ff=D_FF, max_seq_len=MAX_SEQ, theta=THETA)
+    return TransformerBlock(**(sizes | kwargs))
+
+
+def rope(**kwargs):
+    return RotaryPositionalEmbedding(**(dict(theta=THETA, d_k=D_K, max_seq_len=MAX_SEQ) | kwargs))
+
+
+def attend(q=(2, 5, 8), k=(2, 7, 8), v=(2, 7, 3), mask=None, dtype=torch.float32):
+    """Our attention on random Q, K, V of these shapes (n=5 queries, m=7 keys, d_k=8, d_v=3 by default)."""
+    return scaled_dot_product_attention(randn(*q).to(dtype), randn(*k).to(dtype), randn(*v).to(dtype), mask)
+
+
+def ones(*shape, dtype=torch.bool):
+    return torch.ones(shape, dtype=dtype)
+
+
+IDS = torch.tensor([[1, 2, 3]])
+CASES = [
+    # ---- Linear ----------------------------------------------------------------------------------------------
+    case("Linear-wrong-last-dim", lambda: Linear(4, 3)(randn(2, 5)),
+         Raises(ValueError, "(..., 4)", "in_features=4", "got shape (2, 5)")),
+    case("Linear-0d", lambda: Linear(4, 3)(torch.tensor(1.0)),
+         TCE("Linear.forward: x is f32[]", "Float[Tensor, '... d_in']"),
+         Raises(ValueError, "(..., 4)", "got shape ()")),
+    case("Linear-int-input", lambda: Linear(4, 3)(ones(2, 4, dtype=torch.long)),
+         TCE("x is i64[2,4]", "Float[Tensor, '... d_in']"),
+         Raises(TypeError, "Linear", "int64")),
+    case("Linear-in-features-0", lambda: Linear(0, 3), Raises(ValueError, "positive sizes", "in_features=0")),
+    case("Linear-out-features-negative", lambda: Linear(4, -1),
+         Raises(ValueError, "positive sizes", "out_features=-1")),
+    # ---- Embedding -------------------------------------------------------------------------------------------
+    case("Embedding-float-ids", lambda: Embedding(10, 4)(torch.tensor([1.0, 2.0])),
+         Raises(TypeError, "integer token ids", "torch.float32")),
+    case("Embedding-bool-ids", lambda: Embedding(10, 4)(torch.tensor([True, False])),
+         Raises(TypeError, "integer token ids", "torch.bool", "mask")),
+    case("Embedding-negative-id", lambda: Embedding(10, 4)(torch.tensor([-1, 2])),
+         Raises(ValueError, "[0, 9]", "num_embeddings=10", "from -1 to 2")),
+    case("Embedding-id-equal-to-vocab", lambda: Embedding(10, 4)(torch.tensor([3, 10])),
+         Raises(ValueError, "[0, 9]", "from 3 to 10")),
+    case("Embedding-num-embeddings-0", lambda: Embedding(0, 4),
+         Raises(ValueError, "positive sizes", "num_embeddings=0")),
+    case("Embedding-dim-negative", lambda: Embedding(10, -4), Raises(ValueError, "positive sizes", "embedding_dim=-4")),
+    # ---- softmax ---------------------------------------------------------------------------------------------
+    case("softmax-dim-too-large", lambda: softmax(randn(2, 3), dim=2),
+         Raises(IndexError, "dim=2", "x.ndim=2", "-2 <= dim <= 1")),
+    case("softmax-dim-too-negative", lambda: softmax(randn(2, 3), dim=-3),
+         Raises(IndexError, "dim=-3", "shape (2, 3)", "-2 <= dim <= 1")),
+    case("softmax-0d-dim-1", lambda: softmax(torch.tensor(1.0), dim=1),
+         Raises(IndexError, "dim=1", "x.ndim=0", "-1 <= dim <= 0")),
+    case("softmax-int-input", lambda: softmax(torch.tensor([1, 2, 3]), dim=0),
+         TCE("softmax: x is i64[3]", "Float[Tensor, '...']"),
+         Raises(TypeError, "softmax", "int64")),
+    case("softmax-bool-input", lambda: softmax(torch.tensor([True, False]), dim=0),
+         TCE("softmax: x is bool[2]", "Float[Tensor, '...']"),
+         Raises(TypeError, "softmax", "bool")),
+    # ---- RMSNorm ---------------------------------------------------------------------------------------------
+    case("RMSNorm-wrong-last-dim", lambda: RMSNorm(4)(randn(2, 5)),
+         Raises(ValueError, "(..., 4)", "d_model=4", "got shape (2, 5)")),
+    case("RMSNorm-0d", lambda: RMSNorm(4)(torch.tensor(1.0)),
+         TCE("RMSNorm.forward: x is f32[]", "Float[Tensor, '... d_model']"),
+         Raises(ValueError, "(..., 4)", "got shape ()")),
+    case("RMSNorm-int-input", lambda: RMSNorm(4)(torch.tensor([[1, 2, 3, 4]])),
+         TCE("RMSNorm.forward: x is i64[1,4]", "Float[Tensor, '... d_model']"),
+         Raises(TypeError, "RMSNorm", "int64")),
+    case("RMSNorm-d-model-0", lambda: RMSNorm(0), Raises(ValueError, "positive d_model", "d_model=0")),
+    case("RMSNorm-eps-negative", lambda: RMSNorm(4, eps=-1.0), Raises(ValueError, "eps >= 0", "eps=-1.0")),
+    # ---- scaled_dot_product_attention: Q (2, 5, 8), K (2, 7, 8), V (2, 7, 3) unless stated ---------------------
+    case("attention-d_k-differs", lambda: attend(k=(2, 7, 6)),
+         TCE("K is f32[2,7,6]", "'*batch m d_k'", "d_k=8"),
+         Raises(ValueError, "K (..., m, d_k)", "K (2, 7, 6)")),
+    case("attention-m-differs", lambda: attend(v=(2, 6, 3)),
+         TCE("V is f32[2,6,3]", "'*batch m d_v'", "m=7"),
+         Raises(ValueError, "V (..., m, d_v)", "V (2, 6, 3)")),
+    case("attention-K-V-leading-1-Q-leading-2", lambda: attend(k=(1, 7, 8), v=(1, 7, 3)),
+         TCE("K is f32[1,7,8]", "'*batch m d_k'", "batch=(2,)"),
+         Raises(ValueError, "same leading dimensions", "Q (2, 5, 8), K (1, 7, 8)")),
+    case("attention-K-V-leading-dim-Q-lacks", lambda: attend(q=(5, 8)),
+         TCE("K is f32[2,7,8]", "batch=()"),
+         Raises(ValueError, "same leading dimensions", "Q (5, 8), K (2, 7, 8)")),
+    case("attention-V-leading-differs", lambda: attend(v=(3, 7, 3)),
+         TCE("V is f32[3,7,3]", "batch=(2,)"),
+         Raises(ValueError, "same leading dimensions", "V (3, 7, 3)")),
+    case("attention-Q-1d", lambda: attend(q=(8,), k=(7, 8), v=(7, 3)),
+         TCE("Q is f32[8]", "'*batch n d_k'"),
+         Raises(ValueError, "Q (..., n, d_k)", "got Q (8,)")),
+    case("attention-0d", lambda: attend(q=(), k=(), v=()),
+         TCE("Q is f32[]", "'*batch n d_k'"),
+         Raises(ValueError, "Q (..., n, d_k)", "got Q ()")),
+    case("attention-mask-wrong-m", lambda: attend(mask=ones(5, 6)),
+         TCE("mask is bool[5,6]", "'*#batch n m'", "m=7"),
+         Raises(ValueError, "(..., 5, 7)", "got mask (5, 6)")),
+    case("attention-mask-transposed", lambda: attend(mask=ones(7, 5)),
+         TCE("mask is bool[7,5]", "'*#batch n m'", "n=5"),
+         Raises(ValueError, "(..., 5, 7)", "got mask (7, 5)")),
+    case("attention-mask-batch-does-not-broadcast", lambda: attend(mask=ones(3, 5, 7)),
+         TCE("mask is bool[3,5,7]", "'*#batch n m'", "batch=(2,)"),
+         Raises(ValueError, "broadcast to Q's (2,)", "got mask (3, 5, 7)")),
+    case("attention-mask-more-dims-than-Q", lambda: attend(mask=ones(1, 2, 5, 7)),
+         TCE("mask is bool[1,2,5,7]", "'*#batch n m'", "batch=(2,)"),
+         Raises(ValueError, "broadcast to Q's (2,)", "got mask (1, 2, 5, 7)")),
+    case("attention-mask-float", lambda: attend(mask=ones(5, 7, dtype=torch.float32)),
+         Raises(TypeError, "mask must be a bool tensor", "got dtype torch.float32")),
+    case("attention-mask-int", lambda: attend(mask=ones(5, 7, dtype=torch.long)),
+         Raises(TypeError, "mask must be a bool tensor", "got dtype torch.int64")),
+    case("attention-int-QKV", lambda: attend(dtype=torch.long),
+         TCE("Q is i64[2,5,8]", "Float[Tensor, '*batch n d_k']"),
+         Raises(TypeError, "scaled_dot_product_attention", "int64")),
+    # ---- RotaryPositionalEmbedding: d_k 8, max_seq_len 8; x (2, 5, 8) unless stated ----------------------------
+    case("RoPE-odd-d_k", lambda: rope(d_k=7), Raises(ValueError, "even d_k", "d_k=7")),
+    case("RoPE-d_k-0", lambda: rope(d_k=0), Raises(ValueError, "even d_k > 0", "d_k=0")),
+    case("RoPE-max-seq-len-0", lambda: rope(max_seq_len=0), Raises(ValueError, "max_seq_len > 0", "max_seq_len=0")),
+    case("RoPE-theta-0", lambda: rope(theta=0.0), Raises(ValueError, "theta > 0", "theta=0.0")),
+    case("RoPE-wrong-last-dim", lambda: rope()(randn(2, 5, 6), torch.arange(5)),
+         Raises(ValueError, "d_k=8", "x of shape (2, 5, 6)")),
+    case("RoPE-x-1d", lambda: rope()(randn(8), torch.arange(1)),
+         TCE("RotaryPositionalEmbedding.forward: x is f32[8]", "'*batch seq d_k'"),
+         Raises(ValueError, "(..., seq, 8)", "x of shape (8,)")),
+    case("RoPE-position-equal-to-max-seq-len", lambda: rope()(randn(2, 5, 8), torch.arange(4, 9)),
+         Raises(ValueError, "token_positions", "[0, 8)", "from 4 to 8")),
+    case("RoPE-negative-position", lambda: rope()(randn(2, 5, 8), torch.arange(-1, 4)),
+         Raises(ValueError, "token_positions", "[0, 8)", "from -1 to 3")),
+    case("RoPE-one-position-for-seq-5", lambda: rope()(randn(2, 5, 8), torch.tensor([0])),
+         TCE("token_positions is i64[1]", "'*#batch seq'", "seq=5"),
+         Raises(ValueError, "(..., seq) = (..., 5)", "got token_positions (1,) for x (2, 5, 8)")),
+    case("RoPE-positions-more-leading-dims-than-x", lambda: rope()(randn(5, 8), torch.arange(5).expand(2, 5)),
+         TCE("token_positions is i64[2,5]", "'*#batch seq'", "batch=()"),
+         Raises(ValueError, "broadcast to x's ()", "got token_positions (2, 5) for x (5, 8)")),
+    case("RoPE-float-positions", lambda: rope()(randn(5, 8), torch.tensor([0.9, 1.5, 2.0, 3.0, 4.0])),
+         TCE("token_positions is f32[5]", "Int[Tensor, '*#batch seq']"),
+         Raises(TypeError, "token_positions", "float32")),
+    case("RoPE-bool-positions", lambda: rope()(randn(5, 8), ones(5)),
+         TCE("token_positions is bool[5]", "Int[Tensor, '*#batch seq']"),
+         Raises(TypeError, "token_positions", "bool")),
+    # ---- silu, SwiGLU, swiglu_hidden_size --------------------------------------------------------------------
+    case("silu-int-input", lambda: silu(torch.tensor([1, 2])),
+         TCE("silu: x is i64[2]", "Float[Tensor, '...']"),
+         Raises(TypeError, "silu", "int64")),
+    case("silu-bool-input", lambda: silu(torch.tensor([True])),
+         TCE("silu: x is bool[1]", "Float[Tensor, '...']"),
+         Raises(TypeError, "silu", "bool")),
+    case("SwiGLU-wrong-last-dim", lambda: SwiGLU(4, 8)(randn(2, 5)),
+         Raises(ValueError, "(..., 4)", "got shape (2, 5)")),
+    case("SwiGLU-0d", lambda: SwiGLU(4, 8)(torch.tensor(1.0)),
+         TCE("SwiGLU.forward: x is f32[]", "Float[Tensor, '... d_model']"),
+         Raises(ValueError, "(..., 4)", "got shape ()")),
+    case("SwiGLU-int-input", lambda: SwiGLU(4, 8)(ones(2, 4, dtype=torch.long)),
+         TCE("SwiGLU.forward: x is i64[2,4]", "Float[Tensor, '... d_model']"),
+         Raises(TypeError, "int64")),
+    case("SwiGLU-d_ff-0", lambda: SwiGLU(4, 0), Raises(ValueError, "positive sizes", "d_ff=0")),
+    case("SwiGLU-d_model-negative", lambda: SwiGLU(-4, 8), Raises(ValueError, "positive sizes", "d_model=-4")),
+    case("swiglu_hidden_size-float", lambda: swiglu_hidden_size(768.0),
+         Raises(TypeError, "d_model must be an int", "768.0")),
+    case("swiglu_hidden_size-bool", lambda: swiglu_hidden_size(True),
+         Raises(TypeError, "d_model must be an int", "True")),
+    case("swiglu_hidden_size-0", lambda: swiglu_hidden_size(0), Raises(ValueError, "positive sizes", "d_model=0")),
+    case("swiglu_hidden_size-multiple-of-negative", lambda: swiglu_hidden_size(64, multiple_of=-64),
+         Raises(ValueError, "positive sizes", "multiple_of=-64")),
+    # ---- MultiHeadSelfAttention: d_model 16, 4 heads, max_seq_len 8 -------------------------------------------
+    case("MHA-d_model-not-divisible-by-heads", lambda: mha(d_model=10, num_heads=3),
+         Raises(ValueError, "divisible by num_heads", "d_model=10, num_heads=3")),
+    case("MHA-num-heads-0", lambda: mha(num_heads=0), Raises(ValueError, "divisible by num_heads", "num_heads=0")),
+    case("MHA-max-seq-len-without-theta", lambda: mha(theta=None),
+         Raises(ValueError, "both max_seq_len and theta", "theta=None")),
+    case("MHA-odd-d_k-for-RoPE", lambda: mha(d_model=12), Raises(ValueError, "even d_k", "d_k=3")),
+    case("MHA-wrong-last-dim", lambda: mha()(randn(2, 5, 12)),
+         Raises(ValueError, "(..., seq, 16)", "d_model=16", "got shape (2, 5, 12)")),
+    case("MHA-x-1d", lambda: mha()(randn(16)),
+         TCE("MultiHeadSelfAttention.forward: x is f32[16]", "'*batch seq d_model'"),
+         Raises(ValueError, "(..., seq, 16)", "got shape (16,)")),
+    case("MHA-sequence-longer-than-max-seq-len", lambda: mha()(randn(2, 9, 16)),
+         Raises(ValueError, "9 tokens", "max_seq_len=8")),
+    case("MHA-position-equal-to-max-seq-len", lambda: mha()(randn(2, 5, 16), torch.arange(4, 9)),
+         Raises(ValueError, "token_positions", "[0, 8)", "from 4 to 8")),
+    case("MHA-negative-position", lambda: mha()(randn(2, 5, 16), torch.arange(-1, 4)),
+         Raises(ValueError, "token_positions", "[0, 8)", "from -1 to 3")),
+    case("MHA-one-position-for-seq-5", lambda: mha()(randn(2, 5, 16), torch.tensor([0])),
+         TCE("token_positions is i64[1]", "'*#batch seq'", "seq=5"),
+         Raises(ValueError, "(..., 5)", "got token_positions (1,)")),
+    case("MHA-positions-more-leading-dims-than-x", lambda: mha()(randn(5, 16), torch.arange(5).expand(2, 5)),
+         TCE("token_positions is i64[2,5]", "'*#batch seq'", "batch=()"),
+         Raises(ValueError, "token_positions", "got token_positions (2, 5)")),
+    case("MHA-float-positions", lambda: mha()(randn(5, 16), torch.arange(5.0)),
+         TCE("token_positions is f32[5]", "Int[Tensor, '*#batch seq']"),
+         Raises(TypeError, "token_positions", "float32")),
+    case("MHA-positions-without-RoPE", lambda: mha(max_seq_len=None, theta=None)(randn(5, 16), torch.arange(5)),
+         Raises(ValueError, "token_positions were given", "no RoPE")),
+    case("MHA-int-input", lambda: mha()(ones(5, 16, dtype=torch.long)),
+         TCE("MultiHeadSelfAttention.forward: x is i64[5,16]", "Float[Tensor, '*batch seq d_model']"),
+         Raises(TypeError, "int64")),
+    # ---- TransformerBlock: d_model 16, 4 heads, d_ff 32, max_seq_len 8 ----------------------------------------
+    case("Block-d_model-not-divisible-by-heads", lambda: block(d_model=10, num_heads=3),
+         Raises(ValueError, "divisible by num_heads", "d_model=10, num_heads=3")),
+    case("Block-d_ff-0", lambda: block(d_ff=0), Raises(ValueError, "positive sizes", "d_ff=0")),
+    case("Block-wrong-last-dim", lambda: block()(randn(2, 5, 12)),
+         Raises(ValueError, "(..., seq, 16)", "d_model=16", "got shape (2, 5, 12)")),
+    case("Block-x-1d", lambda: block()(randn(16)),
+         TCE("TransformerBlock.forward: x is f32[16]", "'*batch seq d_model'"),
+         Raises(ValueError, "(..., seq, 16)", "got shape (16,)")),
+    case("Block-sequence-longer-than-max-seq-len", lambda: block()(randn(2, 9, 16)),
+         Raises(ValueError, "9 tokens", "max_seq_len=8")),
+    case("Block-position-equal-to-max-seq-len", lambda: block()(randn(2, 5, 16), torch.arange(4, 9)),
+         Raises(ValueError, "token_positions", "[0, 8)", "from 4 to 8")),
+    case("Block-one-position-for-seq-5", lambda: block()(randn(2, 5, 16), torch.tensor([0])),
+         TCE("TransformerBlock.forward: token_positions is i64[1]", "seq=5"),
+         Raises(ValueError, "(..., 5)", "got token_positions (1,)")),
+    case("Block-int-input", lambda: block()(ones(5, 16, dtype=torch.long)),
+         TCE("TransformerBlock.forward: x is i64[5,16]", "Float[Tensor, '*batch seq d_model']"),
+         Raises(TypeError, "int64")),
+    # ---- TransformerLM: vocab 50, context 8 -------------------------------------------------------------------
+    case("LM-float-ids", lambda: lm()(IDS.float()),
+         TCE("TransformerLM.forward: token_ids is f32[1,3]", "Integer[Tensor, '*batch seq']"),
+         Raises(TypeError, "integer token ids", "torch.float32")),
+    case("LM-bool-ids", lambda: lm()(IDS.bool()),
+         TCE("token_ids is bool[1,3]", "Integer[Tensor, '*batch seq']"),
+         Raises(TypeError, "integer token ids", "torch.bool")),
+    case("LM-negative-id", lambda: lm()(torch.tensor([[-1, 2]])),
+         Raises(ValueError, "[0, 49]", "vocab_size=50", "from -1 to 2")),
+    case("LM-id-equal-to-vocab", lambda: lm()(torch.tensor([[50, 2]])),
+         Raises(ValueError, "[0, 49]", "vocab_size=50", "from 2 to 50")),
+    case("LM-0d-ids", lambda: lm()(torch.tensor(3)),
+         TCE("token_ids is i64[]", "'*batch seq'"),
+         Raises(ValueError, "(..., seq)", "0-d tensor")),
+    case("LM-sequence-longer-than-context", lambda: lm()(torch.zeros(1, 9, dtype=torch.long)),
+         Raises(ValueError, "9 tokens", "context_length=8", "(1, 9)")),
+    case("LM-position-equal-to-context", lambda: lm()(IDS, torch.tensor([6, 7, 8])),
+         Raises(ValueError, "token_positions", "[0, 8)", "from 6 to 8")),
+    case("LM-negative-position", lambda: lm()(IDS, torch.tensor([-1, 0, 1])),
+         Raises(ValueError, "token_positions", "[0, 8)", "from -1 to 1")),
+    case("LM-one-position-for-seq-5", lambda: lm()(torch.zeros(2, 5, dtype=torch.long), torch.tensor([0])),
+         TCE("TransformerLM.forward: token_positions is i64[1]", "seq=5"),
+         Raises(ValueError, "(..., 5)", "got token_positions (1,)")),
+    case("LM-positions-more-leading-dims-than-ids", lambda: lm()(torch.zeros(5, dtype=torch.long),
+                                                                 torch.arange(5).expand(2, 5)),
+         TCE("token_positions is i64[2,5]", "batch=()"),
+         Raises(ValueError, "token_positions", "got token_positions (2, 5)")),
+    case("LM-float-positions", lambda: lm()(IDS, torch.tensor([0.0, 1.0, 2.0])),
+         TCE("token_positions is f32[3]", "Int[Tensor, '*#batch seq']"),
+         Raises(TypeError, "token_positions", "float32")),
+    case("LM-vocab-size-0", lambda: lm(vocab_size=0), Raises(ValueError, ">= 1", "vocab_size=0")),
+    case("LM-context-length-0", lambda: lm(context_length=0), Raises(ValueError, ">= 1", "context_length=0")),
+    case("LM-num-layers-0", lambda: lm(num_layers=0), Raises(ValueError, ">= 1", "num_layers=0")),
+    case("LM-d_model-not-divisible-by-heads", lambda: lm(d_model=10, num_heads=3),
+         Raises(ValueError, "divisible by num_heads", "d_model=10, num_heads=3")),
+    case("LM-d_model-0", lambda: lm(d_model=0), Raises(ValueError, "every size must be >= 1", "d_model=0")),
+    # ---- generate and next_token_distribution ----------------------------------------------------------------
+    case("generate-2d-prompt", lambda: generate(lm(), torch.tensor([[1, 2]]), 3),
+         Raises(ValueError, "shape (prompt,)", "got shape (1, 2)")),
+    case("generate-empty-prompt", lambda: generate(lm(), torch.tensor([], dtype=torch.long), 3),
+         Raises(ValueError, "non-empty", "got shape (0,)")),
+    case("generate-0d-prompt", lambda: generate(lm(), torch.tensor(1), 3),
+         Raises(ValueError, "shape (prompt,)", "got shape ()")),
+    case("generate-negative-max-new-tokens", lambda: generate(lm(), torch.tensor([1]), -1),
+         Raises(ValueError, "max_new_tokens must be >= 0", "got -1")),
+    case("generate-negative-temperature", lambda: generate(lm(), torch.tensor([1]), 3, temperature=-1.0),
+         Raises(ValueError, "temperature must be >= 0", "got -1.0")),
+    case("generate-top-k-0", lambda: generate(lm(), torch.tensor([1]), 3, top_k=0),
+         Raises(ValueError, "top_k must be >= 1", "got 0")),
+    case("generate-top-p-0", lambda: generate(lm(), torch.tensor([1]), 3, top_p=0.0),
+         Raises(ValueError, "top_p must lie in (0, 1]", "got 0.0")),
+    case("generate-top-p-above-1", lambda: generate(lm(), torch.tensor([1]), 3, top_p=1.5),
+         Raises(ValueError, "top_p must lie in (0, 1]", "got 1.5")),
+    case("generate-prompt-id-equal-to-vocab", lambda: generate(lm(), torch.tensor([1, 50]), 3),
+         Raises(ValueError, "[0, 49]", "from 1 to 50")),
+    case("generate-negative-prompt-id", lambda: generate(lm(), torch.tensor([-1]), 3),
+         Raises(ValueError, "[0, 49]", "from -1 to -1")),
+    case("generate-float-prompt", lambda: generate(lm(), torch.tensor([1.0, 2.0]), 3),
+         TCE("token_ids is f32[1,2]", "Integer[Tensor, '*batch seq']"),
+         Raises(TypeError, "integer token ids", "torch.float32")),
+    case("next_token_distribution-negative-temperature", lambda: next_token_distribution(randn(5), temperature=-0.5),
+         Raises(ValueError, "temperature must be >= 0", "got -0.5")),
+    case("next_token_distribution-nan-temperature", lambda: next_token_distribution(randn(5), temperature=float("nan")),
+         Raises(ValueError, "temperature must be >= 0", "got nan")),
+    case("next_token_distribution-top-k-0", lambda: next_token_distribution(randn(5), top_k=0),
+         Raises(ValueError, "top_k must be >= 1", "got 0")),
+    case("next_token_distribution-top-p-0", lambda: next_token_distribution(randn(5), top_p=0.0),
+         Raises(ValueError, "top_p must lie in (0, 1]", "got 0.0")),
+    case("next_token_distribution-top-p-above-1", lambda: next_token_distribution(randn(5), top_p=1.01),
+         Raises(ValueError, "top_p must lie in (0, 1]", "got 1.01")),
+    case("next_token_distribution-0d-logits", lambda: next_token_distribution(torch.tensor(2.0)),
+         TCE("logits is f32[]"),
+         Raises(ValueError, "logits", "()")),
+    # ---- count_resources -------------------------------------------------------------------------------------
+    case("count_resources-d_model-not-divisible-by-heads", lambda: count_resources(50, 8, 10, 1, 3, 32),
+         Raises(ValueError, "num_heads must divide d_model", "d_model=10, num_heads=3")),
+    case("count_resources-num-heads-0", lambda: count_resources(50, 8, 16, 1, 0, 32),
+         Raises(ValueError, "num_heads=0")),
+    case("count_resources-vocab-size-0", lambda: count_resources(0, 8, 16, 1, 4, 32),
+         Raises(ValueError, "vocab_size=0")),
+]
+
+
+@pytest.mark.parametrize("checks", [True, False], ids=["checks-on", "checks-off"])
+@pytest.mark.parametrize("call, on, off", CASES)
+def test_bad_input_raises_a_clear_error(request, checks, call, on, off):
+    expected = on if checks else off
+    if expected.gap:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=f"known gap: {expected.gap}"))
+    with shape_checks(checks):
+        with pytest.raises(Exception) as caught:
+            call()
+    first_line = str(caught.value).partition("\n")[0]
+    # The exact type: a TypeCheckError (a TypeError) with the checks off would mean they were not off.
+    assert caught.type is expected.error, f"raised {caught.type.__name__}: {first_line}"
+    missing = [phrase for phrase in expected.phrases if phrase not in first_line]
+    assert not missing, f"first line {first_line!r} lacks {missing}"
+
+
+def test_the_cases_have_unique_names_and_cover_every_public_name():
+    import transformer_from_scratch as tfs
+
+    names = [param.id for param in CASES]
+    assert len(names) == len(set(names))
+    covered = {name.split("-")[0] for name in names}
+    aliases = {"attention": "scaled_dot_product_attention", "RoPE": "RotaryPositionalEmbedding",
+               "MHA": "MultiHeadSelfAttention", "Block": "TransformerBlock", "LM": "TransformerLM"}
+    covered = {aliases.get(name, name) for name in covered}
+    switches = {"set_shape_checks", "shape_checks", "shape_checks_enabled"}  # tested in test_compile.py
+    assert set(tfs.__all__) - switches <= covered, set(tfs.__all__) - switches - covered
+
+
+# ---- Nothing broadcasts silently ---------------------------------------------------------------------------------
+# Each row: our call, and the same inputs through PyTorch's own op or the textbook formula, which broadcasts
+# them without complaint (so the row proves something): ours must raise instead, with the checks on and off.
+
+
+def _qkv(q=(2, 5, 8), k=(2, 7, 8), v=(2, 7, 3)):
+    return randn(*q), randn(*k), randn(*v)
+
+
+def _textbook_attention(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ V
+
+
+def _textbook_rope(x, positions, d_k=D_K, theta=THETA):
+    angles = positions[..., None].double() * theta ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
+    pairs = torch.view_as_complex(x.double().reshape(*x.shape[:-1], -1, 2).contiguous())
+    return torch.view_as_real(pairs * torch.polar(torch.ones_like(angles), angles)).flatten(-2)
+
+
+BROADCASTS = [
+    pytest.param(lambda: scaled_dot_product_attention(*_qkv(k=(1, 7, 8), v=(1, 7, 3))),
+                 lambda: F.scaled_dot_product_attention(*_qkv(k=(1, 7, 8), v=(1, 7, 3))),
+                 (2, 5, 3), id="attention-K-V-leading-1"),
+    pytest.param(lambda: scaled_dot_product_attention(*_qkv(q=(5, 8))),
+                 lambda: F.scaled_dot_product_attention(*_qkv(q=(5, 8))),
+                 (2, 5, 3), id="attention-Q-without-the-batch-dim"),
+    pytest.param(lambda: scaled_dot_product_attention(*_qkv(), ones(5, 1)),
+                 lambda: F.scaled_dot_product_attention(*_qkv(), attn_mask=ones(5, 1)),
+                 (2, 5, 3), id="attention-mask-n-by-1"),
+    pytest.param(lambda: scaled_dot_product_attention(*_qkv(), ones(1, 2, 5, 7)),
+                 lambda: _textbook_attention(*_qkv(), ones(1, 2, 5, 7)),
+                 (1, 2, 5, 3), id="attention-mask-more-dims-than-Q"),
+    pytest.param(lambda: RMSNorm(4)(randn(2, 1)),
+                 lambda: randn(2, 1) * torch.rsqrt(randn(2, 1).pow(2).mean(-1, keepdim=True) + 1e-5) * torch.ones(4),
+                 (2, 4), id="RMSNorm-last-dim-1"),
+    pytest.param(lambda: rope()(randn(2, 5, 8), torch.tensor([3])),
+                 lambda: _textbook_rope(randn(2, 5, 8), torch.tensor([3])),
+                 (2, 5, 8), id="RoPE-one-position-for-every-token"),
+    pytest.param(lambda: rope()(randn(5, 8), torch.arange(5).expand(2, 5)),
+                 lambda: _textbook_rope(randn(5, 8), torch.arange(5).expand(2, 5)),
+                 (2, 5, 8), id="RoPE-positions-with-more-dims-than-x"),
+    pytest.param(lambda: mha()(randn(2, 5, 16), torch.tensor([0])), None, None, id="MHA-one-position"),
+    pytest.param(lambda: lm()(torch.zeros(5, dtype=torch.long), torch.arange(5).expand(2, 5)), None, None,
+                 id="LM-positions-with-more-dims-than-ids"),
+]
+
+
+@pytest.mark.parametrize("checks", [True, False], ids=["checks-on", "checks-off"])
+@pytest.mark.parametrize("ours, theirs, broadcast_shape", BROADCASTS)
+def test_nothing_broadcasts_silently(checks, ours, theirs, broadcast_shape):
+    if theirs is not None:
+        assert theirs().shape == broadcast_shape  # the built-in or the formula broadcasts these inputs silently
+    with shape_checks(checks), pytest.raises((ValueError, TypeError)):
+        ours()
