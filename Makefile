@@ -9,6 +9,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
+# The decks and the site load reveal.js and MathJax from node_modules/ (package.json pins them; npm ci installs
+# exactly package-lock.json's versions), copied beside the pages, so they work offline.
+NPM_INSTALLED := node_modules/.package-lock.json
+
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 # JupyterLab refuses to run as root without --allow-root (containers, CI); a laptop user is not root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
@@ -35,7 +39,7 @@ lab: $(STAMP) ## Open JupyterLab on notebook 01 (pass extra flags with LAB_ARGS=
 student: $(STAMP) ## Write the exercise edition to notebooks/student/ (never overwrites your edits)
 	$(BIN)/python -m transformer_from_scratch.nbtools.student $(if $(NB),$(NB),)
 
-test: $(STAMP) ## Unit tests, then re-execute every notebook with nbval
+test: $(STAMP) $(if $(shell command -v npm),$(NPM_INSTALLED),) ## Unit tests (the browser test too, given npm and Chromium), then every notebook with nbval
 	$(BIN)/python -m pytest tests $(NBVAL_ARGS) $(NOTEBOOKS)
 
 test-unit: $(STAMP) ## Unit tests only (fast)
@@ -61,6 +65,19 @@ images: $(STAMP) ## Redraw the architecture diagrams in images/
 
 bench: $(STAMP) ## Benchmark against PyTorch's built-ins (BENCH_ARGS="--no-compile --no-notebooks" for a quick one)
 	$(BIN)/python -m transformer_from_scratch.benchmark $(BENCH_ARGS)
+
+
+$(NPM_INSTALLED): package.json package-lock.json
+	@command -v npm >/dev/null || { echo "make slides and make site need Node.js and npm (Debian: apt-get install nodejs npm)"; exit 1; }
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+.PHONY: slides site
+slides: $(STAMP) $(NPM_INSTALLED) ## One reveal.js deck per notebook in build/slides/ (NB=notebooks/05_attention.ipynb for one)
+	$(BIN)/python -m transformer_from_scratch.nbtools.slides $(or $(NB),$(NOTEBOOKS))
+
+site: $(STAMP) $(NPM_INSTALLED) ## The course website in build/site/: README, every notebook with its outputs, student editions
+	$(BIN)/python -m transformer_from_scratch.nbtools.site
 
 clean: ## Remove .venv and caches
 	rm -rf $(VENV) .pytest_cache src/*.egg-info

@@ -6,4 +6,6 @@
 * ``plotting``: the figures the notebooks repeat (heatmap with a colorbar, histogram against a density).
 * ``helpers``: ``expect_error`` (the one way a notebook shows a caught error) and ``entropy_bits``.
 * ``tidy``: clean saved notebooks; also the JupyterLab pre-save hook that keeps saves clean.
+* ``slides``, ``site`` (and ``web``, what they share): ``make slides``, a reveal.js deck per notebook, and
+  ``make site``, the course as a static website; both offline, from the saved notebooks.
 """
