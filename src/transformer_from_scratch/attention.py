@@ -1,6 +1,6 @@
 # Generated from notebooks/05_attention.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 00e98308c930830670fc472abb92dfd55122d4d8ebec83922e970792cbe05032
+# body-sha256: 0357bb383ae22d929e493a7b6f08d7f46ec1ef3b5fb635938e0782b4765abd2c
 
 import math
 
@@ -78,7 +78,6 @@ def scaled_dot_product_attention(
     no_key = ~mask.any(dim=-1, keepdim=True)  # (..., n, 1): queries that may attend to nothing
     # Forbidden keys get -inf (weight exactly 0). A row with no allowed key keeps its finite scores:
     # all -inf would make its softmax 0/0 = NaN, and NaN * 0 is still NaN in the backward pass.
-    # In place: `scores` is a new tensor, and the product's backward needs Q and K, not the scores.
-    scores.masked_fill_(~mask & ~no_key, float("-inf"))
+    scores = scores.masked_fill(~mask & ~no_key, float("-inf"))
     output = einsum(softmax(scores, dim=-1), V, "... n m, ... m d_v -> ... n d_v")
     return output.masked_fill(no_key, 0.0)  # zero those rows: (..., n, d_v) is smaller than the (..., n, m) weights

@@ -1,6 +1,6 @@
 # Generated from notebooks/03_softmax.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 171393c1f2453aa349c72160342bd764df57190d72ac0290014f445749b22e37
+# body-sha256: e8a2bcdba7c7d659f7b51769ffc362bd2b5a1044b7b1ba1ea95ddb9b8f7ac535
 
 import torch
 from jaxtyping import Float
@@ -66,5 +66,5 @@ class _Softmax(torch.autograd.Function):
         (p,) = ctx.saved_tensors
         p = p.float() if p.dtype in (torch.float16, torch.bfloat16) else p
         gp = g.to(p.dtype) * p
-        gp -= p * gp.sum(dim=ctx.dim, keepdim=True)  # p ⊙ g − p ⟨g, p⟩, in place: gp is new
+        gp.addcmul_(p, gp.sum(dim=ctx.dim, keepdim=True), value=-1)  # p ⊙ g − p ⟨g, p⟩, in place: gp is new
         return gp.to(g.dtype), None  # no gradient for `dim`
