@@ -1,11 +1,7 @@
-"""The bad-input matrix (issue 13): every wrong shape, dtype or value a learner is likely to pass to a public
+"""The bad-input matrix: every wrong shape, dtype or value a learner is likely to pass to a public
 class or function, in one list, CASES. Each case must raise an error of the expected type whose FIRST line
 says what is wrong (the argument, what was expected, what it got): once with the run-time shape checks on
 and once with them off (`shape_checks(False)`), where only the cheap explicit checks inside each forward remain.
-
-A case whose expectation carries `gap=...` does not meet it today: the gap says what happens instead (a raw
-torch error, or no error at all). Such a case is a strict xfail, so it shows as "x" in every run, and turns
-into a failure ("XPASS(strict)") the day the component is fixed: then delete its `gap=`.
 
 The second test, test_nothing_broadcasts_silently, takes the inputs that PyTorch's own ops (or the textbook
 formula) would broadcast without a word, and checks that ours refuse them, with the checks on and off.
@@ -41,14 +37,11 @@ D_K = 8  # RoPE on its own: (..., seq, 8) vectors, positions 0 ... 7
 
 
 class Raises:
-    """What one mode must raise: the exact exception type, and phrases that must all be in the message's first line.
+    """What one mode must raise: the exact exception type, and phrases that must all be in the message's first line."""
 
-    gap: non-empty when the component does not do this today; says what it does instead (the case is a strict xfail).
-    """
-
-    def __init__(self, error: type[Exception], *phrases: str, gap: str = "") -> None:
+    def __init__(self, error: type[Exception], *phrases: str) -> None:
         assert 1 <= len(phrases) <= 3, "one to three phrases"
-        self.error, self.phrases, self.gap = error, phrases, gap
+        self.error, self.phrases = error, phrases
 
     def __repr__(self) -> str:
         return f"Raises({self.error.__name__}, {', '.join(map(repr, self.phrases))})"
@@ -59,9 +52,9 @@ def case(name: str, call, on: Raises, off: Raises | None = None):
     return pytest.param(call, on, on if off is None else off, id=name)
 
 
-def TCE(*phrases: str, gap: str = "") -> Raises:
+def TCE(*phrases: str) -> Raises:
     """jaxtyping's TypeCheckError; its first line: "<Qualname>: <arg> is <actual>, which does not fit <expected>"."""
-    return Raises(TypeCheckError, *phrases, gap=gap)
+    return Raises(TypeCheckError, *phrases)
 
 
 def randn(*shape):
@@ -373,10 +366,8 @@ CASES = [
 
 @pytest.mark.parametrize("checks", [True, False], ids=["checks-on", "checks-off"])
 @pytest.mark.parametrize("call, on, off", CASES)
-def test_bad_input_raises_a_clear_error(request, checks, call, on, off):
+def test_bad_input_raises_a_clear_error(checks, call, on, off):
     expected = on if checks else off
-    if expected.gap:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"known gap: {expected.gap}"))
     with shape_checks(checks):
         with pytest.raises(Exception) as caught:
             call()

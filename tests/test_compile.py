@@ -1,4 +1,4 @@
-"""torch.compile and the shape-check switch (issue 13).
+"""torch.compile and the shape-check switch.
 
 `torch.compile(model, fullgraph=True, backend="aot_eager")` of a tiny TransformerLM: one graph, no break, with the
 logits and every weight's gradient equal to eager's (same weights), with the run-time shape checks on and off, and

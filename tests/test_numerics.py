@@ -1,4 +1,4 @@
-"""Numerics (issue 13): softmax at ±1e4 and with -inf, attention with fully masked rows, RMSNorm in half precision
+"""Numerics: softmax at ±1e4 and with -inf, attention with fully masked rows, RMSNorm in half precision
 with large values and in float64, the whole TransformerLM in bfloat16 and float64 against float32, and gradcheck
 (float64) of softmax, RMSNorm, RoPE, attention and a tiny TransformerBlock, plus gradgradcheck of softmax.
 
