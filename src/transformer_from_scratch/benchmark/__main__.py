@@ -41,7 +41,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 
-# The training shape on a CPU, and a larger one (GPT-2 small's width and depth) on a GPU.
+# The training shape of the targets on a CPU, and a larger one (GPT-2 small's width and depth) on a GPU.
 SHAPES = {
     "cpu": dict(batch=8, seq=256, vocab_size=4096, d_model=256, num_layers=4, num_heads=8, d_ff=704),
     "cuda": dict(batch=8, seq=1024, vocab_size=32768, d_model=768, num_layers=12, num_heads=12, d_ff=2048),
