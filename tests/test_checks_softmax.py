@@ -166,6 +166,49 @@ def in_place(x, dim):
     return softmax(x, dim)
 
 
+def hand_written_backward(wrong_gradient):
+    """A softmax whose forward is right and whose backward, written by hand, returns wrong_gradient(p, g, dim)."""
+
+    class WrongBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, dim):
+            p = softmax(x.detach(), dim)
+            ctx.save_for_backward(p)
+            ctx.dim = dim
+            return p
+
+        @staticmethod
+        def backward(ctx, g):
+            (p,) = ctx.saved_tensors
+            return wrong_gradient(p, g, ctx.dim), None
+
+    def softmax_with_this_backward(x, dim):
+        return WrongBackward.apply(x, dim)
+
+    softmax_with_this_backward.__name__ = wrong_gradient.__name__
+    return softmax_with_this_backward
+
+
+@hand_written_backward
+def backward_without_the_subtraction(p, g, dim):
+    return p * g
+
+
+@hand_written_backward
+def backward_without_the_factor_p(p, g, dim):
+    return g - (g * p).sum(dim=dim, keepdim=True)
+
+
+@hand_written_backward
+def backward_with_the_sum_of_g(p, g, dim):
+    return p * (g - g.sum(dim=dim, keepdim=True))
+
+
+@hand_written_backward
+def backward_along_the_last_dim(p, g, dim):
+    return p * (g - (g * p).sum(dim=-1, keepdim=True))
+
+
 def stub(x, dim):
     raise NotImplementedError()
 
@@ -199,6 +242,10 @@ MUTANTS = [
     (no_grad, "cut off from autograd"),
     (detached_sum, "the gradient of"),
     (in_place, "modifies its input x in place"),
+    (backward_without_the_subtraction, "the term − p ⟨g, p⟩ is missing"),
+    (backward_without_the_factor_p, "without multiplying by p"),
+    (backward_with_the_sum_of_g, "subtracts the sum of g instead of"),
+    (backward_along_the_last_dim, "a backward written by hand must return"),
     (stub, "not written yet"),
 ]
 

@@ -40,7 +40,8 @@ def check_softmax(impl: Softmax) -> None:
     float16/bfloat16 not computed in float32; the dtype not preserved (float16 in, float32 out); float64
     computed in float32; ``-inf`` entries not exactly 0 (an epsilon or a clamp); an all ``-inf`` slice
     made up instead of NaN; ``torch.softmax`` / ``F.softmax`` (or their ``log_softmax``) called inside;
-    the output cut off from autograd; ``x`` modified in place.
+    the output cut off from autograd; ``x`` modified in place; and, in a backward written by hand, the
+    missing ``− p⟨g, p⟩`` term, the missing factor ``p``, or the sum of ``g`` in place of ``⟨g, p⟩``.
     """
     check_signature(impl, ["x", "dim"], "softmax")
     g = generator(0)
@@ -343,9 +344,27 @@ def _check_gradients(impl: Softmax, g: torch.Generator) -> None:
                  "or .numpy()")
         call("backward() through your softmax", (out * upstream).sum().backward)
         (torch.softmax(theirs, dim=dim) * upstream).sum().backward()
+        if ours.grad is not None and not close(ours.grad, theirs.grad):
+            _diagnose_backward(ours.grad, torch.softmax(base, dim=dim), upstream, dim, _name(base, dim))
         if ours.grad is None or not close(ours.grad, theirs.grad):
             error = float("nan") if ours.grad is None else (ours.grad - theirs.grad).abs().max().item()
             fail(f"the gradient of {_name(base, dim)} differs from torch.softmax's",
-                 "let autograd differentiate exp, the max and the sum; do not detach or replace any of the "
-                 "terms that depend on x (only the max may be detached)",
-                 f"largest difference {error:.2e}")
+                 "a backward written by hand must return p ⊙ (g − ⟨g, p⟩), the sum along dim, in g's dtype; "
+                 "left to autograd, do not detach or replace any term that depends on x (only the max may be "
+                 "detached)", f"largest difference {error:.2e}")
+
+
+def _diagnose_backward(grad: torch.Tensor, p: torch.Tensor, g: torch.Tensor, dim: int, name: str) -> None:
+    """Name the classic mistakes of a hand-written backward, p ⊙ (g − ⟨g, p⟩), when the gradient matches one."""
+    dot = (g * p).sum(dim=dim, keepdim=True)
+    variants = [
+        (p * g, "the backward returns p ⊙ g: the term − p ⟨g, p⟩ is missing",
+         "subtract p times the sum of g ⊙ p along dim: p ⊙ (g − ⟨g, p⟩)"),
+        (g - dot, "the backward returns g − ⟨g, p⟩ without multiplying by p",
+         "multiply by p: p ⊙ (g − ⟨g, p⟩) (the Jacobian is diag(p) − p pᵀ)"),
+        (p * (g - g.sum(dim=dim, keepdim=True)), "the backward subtracts the sum of g instead of ⟨g, p⟩ = Σ g ⊙ p",
+         "weight the sum by p: p ⊙ (g − (g * p).sum(dim, keepdim=True))"),
+    ]
+    for wrong, mistake, fix in variants:
+        if close(grad, wrong):
+            fail(mistake, fix, f"the gradient of {name}")
