@@ -92,6 +92,36 @@ def close(actual: torch.Tensor, expected: torch.Tensor, *, rtol: float | None = 
                               atol=default_atol if atol is None else atol, equal_nan=True).all())
 
 
+def check_gradients(name: str, what: str, out: torch.Tensor, x: torch.Tensor, upstream: torch.Tensor,
+                    reference: Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor],
+                    weights: dict[str, torch.Tensor], learner_weights: dict[str, tuple[str, torch.Tensor]],
+                    *, source: str, unit: str) -> None:
+    """The backward pass of a learner's module against a differentiable reference (float64, the same weights).
+
+    ``out`` is the learner's output for ``x``; ``reference(x, weights)`` recomputes it from copies of ``x`` and
+    ``weights``. ``learner_weights`` maps each key of ``weights`` to its label in messages and the learner's
+    parameter holding it. Every parameter's ``.grad`` and ``x.grad`` must equal the reference's. ``source``
+    ("x and the submodules") and ``unit`` ("submodule") word the fixes.
+    """
+    if not out.requires_grad:
+        fail(f"{name}'s output carries no gradient (computed under torch.no_grad(), or from .detach()/.data)",
+             f"compute it from {source} directly, so that autograd can follow")
+    call(f"the backward pass of {what}", lambda: (out * upstream).sum().backward())
+    ref_x = x.detach().clone().requires_grad_()
+    ref_w = {key: w.clone().requires_grad_() for key, w in weights.items()}
+    (reference(ref_x, ref_w) * upstream).sum().backward()
+    tolerance = dict(rtol=1e-6, atol=1e-6)
+    for key, (label, parameter) in learner_weights.items():
+        if parameter.grad is None:
+            fail(f"no gradient reaches {label}", f"use the {unit} itself in forward (no .detach() or .data)")
+        if not close(parameter.grad, ref_w[key].grad, **tolerance):
+            fail(f"{label}.grad differs from the reference's", "build the output from differentiable torch operations "
+                 "only (no .item(), .detach(), .data or in-place changes)", f"on {what}")
+    if x.grad is None or not close(x.grad, ref_x.grad, **tolerance):
+        fail("the gradient with respect to the input x differs from the reference's",
+             "do not detach x or any intermediate result", f"on {what}")
+
+
 def describe(t: Any) -> str:
     """A short description of what the learner returned: type, shape, dtype."""
     if isinstance(t, torch.Tensor):

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._harness import (BuiltinSpy, call, check_device_and_dtype, check_parameters, check_signature, close,
-                       describe, fail, generator, passed)
+from ._harness import (BuiltinSpy, call, check_device_and_dtype, check_gradients, check_parameters, check_signature,
+                       close, describe, fail, generator, passed)
 
 _NAME = "MultiHeadSelfAttention"
 _SIGNATURE = ["d_model", "num_heads", "max_seq_len", "theta", "device", "dtype"]
@@ -347,24 +347,9 @@ def _check_gradients(impl: Any, gen: torch.Generator) -> None:
     upstream = torch.randn(2, _SEQ, _D_MODEL, generator=gen, dtype=torch.float64)
     what = f"{_NAME} with RoPE on x of shape {tuple(x.shape)}"
     out = _forward(module, x, None, what)
-    if not out.requires_grad:
-        fail(f"{_NAME}'s output carries no gradient (computed under torch.no_grad(), or from .detach()/.data)",
-             "compute it from the projections and x directly, so that autograd can follow")
-    call(f"the backward pass of {what}", lambda: (out * upstream).sum().backward())
-    ref_x = x.detach().clone().requires_grad_()
-    ref_w = {name: w.clone().requires_grad_() for name, w in weights.items()}
-    (_mhsa_differentiable(ref_x, ref_w) * upstream).sum().backward()
-    tolerance = dict(rtol=1e-6, atol=1e-6)
-    for name in _PROJECTIONS:
-        grad = getattr(module, name).weight.grad
-        if grad is None:
-            fail(f"no gradient reaches {name}.weight", "use the projection itself in forward (no .detach() or .data)")
-        if not close(grad, ref_w[name].grad, **tolerance):
-            fail(f"{name}.weight.grad differs from the reference's", "build the output from differentiable torch "
-                 "operations only (no .item(), .detach(), .data or in-place changes)", f"on {what}")
-    if x.grad is None or not close(x.grad, ref_x.grad, **tolerance):
-        fail("the gradient with respect to the input x differs from the reference's",
-             "do not detach x or any intermediate result", f"on {what}")
+    learner_weights = {name: (f"{name}.weight", getattr(module, name).weight) for name in _PROJECTIONS}
+    check_gradients(_NAME, what, out, x, upstream, _mhsa_differentiable, weights, learner_weights,
+                    source="the projections and x", unit="projection")
 
 
 def _mhsa_differentiable(x: Tensor, weights: dict[str, Tensor]) -> Tensor:

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._harness import (BuiltinSpy, call, check_device_and_dtype, check_parameters, check_signature, close, describe,
-                       fail, generator, passed)
+from ._harness import (BuiltinSpy, call, check_device_and_dtype, check_gradients, check_parameters, check_signature,
+                       close, describe, fail, generator, passed)
 
 _NAME = "TransformerBlock"
 _SIGNATURE = ["d_model", "num_heads", "d_ff", "max_seq_len", "theta", "device", "dtype"]
@@ -331,24 +331,10 @@ def _check_gradients(impl: Any, gen: torch.Generator) -> None:
     upstream = torch.randn(2, _SEQ, _D, generator=gen, dtype=torch.float64)
     what = f"{_SHOWN} on x of shape {tuple(x.shape)}"
     out = _forward(module, x, None, what)
-    if not out.requires_grad:
-        fail(f"{_NAME}'s output carries no gradient (computed under torch.no_grad(), or from .detach()/.data)",
-             "compute it from x and the submodules directly, so that autograd can follow")
-    call(f"the backward pass of {what}", lambda: (out * upstream).sum().backward())
-    ref_x = x.detach().clone().requires_grad_()
-    ref_w = {name: w.clone().requires_grad_() for name, w in weights.items()}
-    (_block(ref_x, ref_w) * upstream).sum().backward()
-    tolerance = dict(rtol=1e-6, atol=1e-6)
     params = dict(module.named_parameters())
-    for name in _EXPECTED:
-        if params[name].grad is None:
-            fail(f"no gradient reaches {name}", "use the submodule itself in forward (no .detach() or .data)")
-        if not close(params[name].grad, ref_w[name].grad, **tolerance):
-            fail(f"{name}.grad differs from the reference's", "build the output from differentiable torch operations "
-                 "only (no .item(), .detach(), .data or in-place changes)", f"on {what}")
-    if x.grad is None or not close(x.grad, ref_x.grad, **tolerance):
-        fail("the gradient with respect to the input x differs from the reference's",
-             "do not detach x or any intermediate result", f"on {what}")
+    learner_weights = {name: (name, params[name]) for name in _EXPECTED}
+    check_gradients(_NAME, what, out, x, upstream, _block, weights, learner_weights,
+                    source="x and the submodules", unit="submodule")
 
 
 def _check_fused(impl: Any, gen: torch.Generator) -> None:
