@@ -19,7 +19,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_ARGS  ?=
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help setup lab student test test-unit test-notebooks export check-export notebooks images bench clean
+.PHONY: help setup lab workshop student test test-unit test-notebooks export check-export notebooks images bench clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -33,11 +33,17 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) ## Create .venv and install the package with every dependency
 
-lab: $(STAMP) ## Open JupyterLab on notebook 01 (pass extra flags with LAB_ARGS="...")
+lab: $(STAMP) ## Read the course: JupyterLab on the guided notebook 01 (pass extra flags with LAB_ARGS="...")
 	$(BIN)/jupyter lab $(ROOT_FLAG) --config=src/transformer_from_scratch/nbtools/jupyter_lab_config.py --ServerApp.root_dir=. $(LAB_ARGS)
 
-student: $(STAMP) ## Write the exercise edition to notebooks/student/ (never overwrites your edits)
+student: $(STAMP) ## Write the exercise edition to notebooks/student/ (never overwrites your edits; NB=... for one)
 	$(BIN)/python -m transformer_from_scratch.nbtools.student $(if $(NB),$(NB),)
+
+WORKSHOP_URL := /lab/tree/notebooks/student/01_linear.ipynb
+workshop: $(STAMP) ## Write it yourself: the exercise edition (made if missing, your edits kept), opened in JupyterLab
+	$(BIN)/python -m transformer_from_scratch.nbtools.student
+	$(BIN)/jupyter lab $(ROOT_FLAG) --config=src/transformer_from_scratch/nbtools/jupyter_lab_config.py --ServerApp.root_dir=. \
+		--ServerApp.default_url=$(WORKSHOP_URL) --LabApp.default_url=$(WORKSHOP_URL) $(LAB_ARGS)
 
 test: $(STAMP) $(if $(shell command -v npm),$(NPM_INSTALLED),) ## Unit tests (the browser test too, given npm and Chromium), then every notebook with nbval
 	$(BIN)/python -m pytest tests $(NBVAL_ARGS) $(NOTEBOOKS)

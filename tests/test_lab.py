@@ -1,5 +1,6 @@
 """`make lab`, started headless once for this module: it prints a URL that opens notebook 01, serves the
-notebook and its images, and a save from the lab writes exactly the clean file the repo holds."""
+notebook and its images, and a save from the lab writes exactly the clean file the repo holds. `make workshop`
+opens the student edition's notebook 01 the same way."""
 
 import hashlib
 import json
@@ -83,20 +84,20 @@ def _exclusive(timeout: float = 600):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+@contextmanager
+def _started(target: str, log: Path):
+    """`make <target>` running headless on a free port, until the block ends."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("lab") / "make_lab.log"
     args = f"--no-browser --port={port} --ServerApp.port_retries=0 --IdentityProvider.token={TOKEN}"
     with _exclusive():
         with log.open("wb") as out:  # a file, not a pipe: nobody has to drain it while the tests run
-            process = subprocess.Popen(["make", "--no-print-directory", "lab", f"LAB_ARGS={args}"], cwd=REPO,
+            process = subprocess.Popen(["make", "--no-print-directory", target, f"LAB_ARGS={args}"], cwd=REPO,
                                        stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + START_TIMEOUT
             while _request(f"{base}/api/status")[0] != 200 or "Use Control-C" not in log.read_text(errors="replace"):
-                assert process.poll() is None, f"make lab exited early:\n{log.read_text(errors='replace')}"
+                assert process.poll() is None, f"make {target} exited early:\n{log.read_text(errors='replace')}"
                 assert time.monotonic() < deadline, f"JupyterLab did not start within {START_TIMEOUT} s"
                 time.sleep(0.5)
             yield Lab(base, port, log)
@@ -107,6 +108,23 @@ def lab(tmp_path_factory):
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    with _started("lab", tmp_path_factory.mktemp("lab") / "make_lab.log") as started:
+        yield started
+
+
+def test_make_workshop_opens_the_student_edition_of_notebook_01(tmp_path):
+    """`make workshop` writes the exercise edition (keeping a learner's edits) and opens its notebook 01."""
+    student = "notebooks/student/01_linear.ipynb"
+    with _started("workshop", tmp_path / "make_workshop.log") as workshop:
+        urls = re.findall(rf"https?://[^\s/]+:{workshop.port}\S*", workshop.log.read_text(errors="replace"))
+        assert urls and all(f"/lab/tree/{student}?token=" in url for url in urls), urls
+        status, body = _request(f"{workshop.base}/api/contents/{student}")
+        assert status == 200 and "YOUR CODE HERE" in body.decode()
+        assert _request(f"{workshop.base}/api/contents/notebooks/student/my_transformer/linear.py")[0] == 200
 
 
 _saved: list[bytes] = []  # what the current test's saves wrote to notebook 01

@@ -12,7 +12,7 @@ import pytest
 
 from transformer_from_scratch import checks
 from transformer_from_scratch.nbtools import export
-from transformer_from_scratch.nbtools.student import CODE_STUB, build
+from transformer_from_scratch.nbtools.student import build
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -54,8 +54,8 @@ def test_every_solution_region_becomes_a_stub(edition, notebook):
         for indent, body in REGION.findall(before):
             regions += 1
             assert body.strip() and body.strip() not in after, "a solution is still visible"
-            stub = "\n".join(indent + line for line in CODE_STUB.split("\n"))
-            assert stub in after
+            stub = re.search(rf"^{indent}# YOUR CODE HERE\n{indent}raise NotImplementedError\('(.+)'\)$", after, re.MULTILINE)
+            assert stub and "not written yet: write " in stub[1] and notebook.name in stub[1], after[:300]
         assert "### BEGIN SOLUTION" not in after and "### END SOLUTION" not in after
     assert regions >= 2
     cells = json.loads((out / notebook.name).read_text(encoding="utf-8"))["cells"]
@@ -194,5 +194,39 @@ def test_the_student_notebook_runs_until_the_learners_gate(tmp_path):
         client.execute()
     failed = next(cell for cell in notebook.cells if cell.cell_type == "code"
                   and any(o.get("output_type") == "error" for o in cell.get("outputs", [])))
-    assert "check_linear(Linear)" in failed.source
-    assert "AssertionError" in str(stopped.value) and "not written yet" in str(stopped.value)
+    assert "check_apply_weight(apply_weight)" in failed.source, "the first step's check is the first gate"
+    assert "AssertionError" in str(stopped.value)
+    assert "apply_weight is not written yet: write it here, in 01_linear.ipynb (Build it step by step)" in str(stopped.value)
+
+
+def test_one_notebook_made_alone_leaves_the_learners_package_whole(learner_package):
+    """`make student NB=notebooks/06_rope.ipynb` (a fresh copy of one notebook) keeps every module and export."""
+    out, load = learner_package
+    (out / "06_rope.ipynb").unlink()
+    (out / "my_transformer" / "swiglu.py").unlink()  # a module lost meanwhile comes back as stubs
+    report = build([REPO / "notebooks" / "06_rope.ipynb"], out)
+    assert "06_rope.ipynb: written" in report
+    assert "my_transformer/swiglu.py: written (stubs, from 07_swiglu.ipynb)" in report
+    mine = load()
+    for name in ("Linear", "Embedding", "softmax", "RMSNorm", "scaled_dot_product_attention",
+                 "RotaryPositionalEmbedding", "SwiGLU", "MultiHeadSelfAttention", "TransformerBlock", "TransformerLM",
+                 "generate", "set_shape_checks", "shape_checks"):
+        assert hasattr(mine, name), f"my_transformer lost {name}"
+
+
+def test_a_stub_met_from_a_later_notebook_says_where_to_write_it(learner_package):
+    _, load = learner_package
+    rope = load().RotaryPositionalEmbedding
+    with pytest.raises(NotImplementedError) as error:
+        rope(10000.0, 16, 32)
+    assert str(error.value) == ("RotaryPositionalEmbedding.__init__ is not written yet: write it in 06_rope.ipynb "
+                                '(The final class), or continue with the reference: '
+                                'export_notebook("06_rope.ipynb", reference=True)')
+
+
+def test_a_module_exported_as_the_reference_says_so_in_its_header(learner_package):
+    out, _ = learner_package
+    export.export_notebook(out / "06_rope.ipynb", reference=True, quiet=True)
+    first = (out / "my_transformer" / "rope.py").read_text(encoding="utf-8").splitlines()[0]
+    assert first.startswith("# The course's reference, not your code")
+    assert 'export_notebook("06_rope.ipynb")' in first

@@ -122,6 +122,43 @@ def check_gradients(name: str, what: str, out: torch.Tensor, x: torch.Tensor, up
              "do not detach x or any intermediate result", f"on {what}")
 
 
+def expect_tensor(what: str, out: Any, shape: tuple[int, ...], fix: str, *,
+                  dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``out`` as a tensor of ``shape`` (and ``dtype``, if given); otherwise fail, saying what came back and ``fix``."""
+    if not isinstance(out, torch.Tensor):
+        fail(f"{what} returned {describe(out)}, not a tensor", fix)
+    if tuple(out.shape) != tuple(shape):
+        fail(f"{what} returned shape {tuple(out.shape)}, expected {tuple(shape)}", fix)
+    if dtype is not None and out.dtype != dtype:
+        fail(f"{what} returned {out.dtype}, expected {dtype}", fix)
+    return out
+
+
+Variants = Sequence[tuple[Any, str, str]]
+
+
+def diagnose(what: str, out: torch.Tensor, expected: torch.Tensor, variants: Variants, fix: str, *,
+             rtol: float | None = None, atol: float | None = None, evidence: str = "") -> None:
+    """Pass when ``out`` is ``expected``; else fail with the first of ``variants`` that ``out`` matches.
+
+    ``variants`` are the classic mistakes, each ``(wrong, mistake, fix)``: ``wrong`` is what the mistake computes (a
+    tensor, or a callable that returns one, so that a costly variant is only computed when needed). A variant that
+    happens to equal the right answer on these inputs is skipped. Without a match: "<what> differs from the expected
+    result by up to …" and ``fix``, with ``evidence`` on the next line.
+    """
+    tolerance = dict(rtol=rtol, atol=atol)
+    if close(out, expected, **tolerance):
+        return
+    for wrong, mistake, variant_fix in variants:
+        wrong = wrong() if callable(wrong) else wrong
+        if not close(wrong, expected, **tolerance) and close(out, wrong, **tolerance):
+            fail(mistake, variant_fix, f"on {what}: yours matches that mistake" + (f"; {evidence}" if evidence else ""))
+    if out.shape == expected.shape:
+        difference = (out.detach().cpu().to(expected.dtype) - expected.cpu()).abs().nan_to_num(nan=float("inf")).max().item()
+        fail(f"{what} differs from the expected result by up to {difference:.3g}", fix, evidence)
+    fail(f"{what} returned shape {tuple(out.shape)}, expected {tuple(expected.shape)}", fix, evidence)
+
+
 def describe(t: Any) -> str:
     """A short description of what the learner returned: type, shape, dtype."""
     if isinstance(t, torch.Tensor):

@@ -97,13 +97,21 @@ def export_cells(notebook: Path, ran: dict[str, str] | None = None) -> list[str]
     return sources
 
 
-def render(notebook: Path, sources: list[str]) -> str:
-    """The module text: a header naming the notebook and hashing the body, then the cells."""
+def render(notebook: Path, sources: list[str], *, reference: bool = False) -> str:
+    """The module text: a header naming the notebook and hashing the body, then the cells.
+
+    ``reference``: the module re-exports the course's version (``export_notebook(..., reference=True)``), and its
+    first line says so: it is not the learner's code.
+    """
     body = "\n\n\n".join(s.rstrip() for s in sources) + "\n"
     body = "\n".join(line.rstrip() for line in body.split("\n"))
     digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
-    if (Path(notebook).resolve().parent / STUDENT_PACKAGE / "__init__.py").is_file():
-        first = f"# Written from your {Path(notebook).name} by its export cell: edit the notebook, not this file.\n"
+    name = Path(notebook).name
+    if reference:
+        first = (f"# The course's reference, not your code: chosen with export_notebook(\"{name}\", reference=True) in "
+                 f"{name}; run export_notebook(\"{name}\") there to use yours again.\n")
+    elif (Path(notebook).resolve().parent / STUDENT_PACKAGE / "__init__.py").is_file():
+        first = f"# Written from your {name} by its export cell: edit the notebook, not this file.\n"
     else:
         first = f"# Generated from notebooks/{Path(notebook).name} by `make export`: edit the notebook, not this file.\n"
     header = (
@@ -141,7 +149,7 @@ def export_notebook(notebook: str | Path, *, force: bool = False, quiet: bool = 
     target = module_path(notebook)
     if reference:
         names, source = _reference_module(notebook, target)
-        text = render(notebook, [source])
+        text = render(notebook, [source], reference=True)
     else:
         text = render(notebook, export_cells(notebook, _ran_cells))
     try:  # a module that does not compile would break `import transformer_from_scratch` everywhere

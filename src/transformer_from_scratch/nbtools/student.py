@@ -4,24 +4,28 @@
 
 Each guided notebook goes through nbconvert with nbgrader's ``ClearSolutions`` preprocessor, which
 replaces every region between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` with
-``# YOUR CODE HERE`` / ``raise NotImplementedError()``: the bodies of the final classes and functions,
-and the exercise solutions. Signatures, docstrings and annotations stay: they are the specification.
-Outputs are cleared (they would show the answers). Then ``StudentEdition`` adapts the notebook to its
-new home:
+``# YOUR CODE HERE`` / ``raise NotImplementedError(...)``: the steps of *Build it step by step*, the bodies of
+the final classes and functions, and the exercise solutions. Signatures, docstrings and annotations stay: they
+are the specification. Outputs are cleared (they would show the answers). Then ``StudentEdition`` adapts the
+notebook to its new home:
 
 * Imports of the components (``from transformer_from_scratch import Linear``) become imports from the
   learner's own package, ``my_transformer`` (``notebooks/student/my_transformer/``), which each student
   notebook's export cell writes. So the learner's attention uses the learner's softmax, and the
   reference package in ``src/`` is never touched. The checks and the notebook tooling still come from
-  ``transformer_from_scratch``.
+  ``transformer_from_scratch``; ``my_transformer`` re-exports the shape-check switch too.
+* Each stub's ``NotImplementedError`` names what is missing and where to write it (a function of the final
+  module also says how to continue with the course's version), so an unwritten stub met from a later
+  notebook says what to do.
 * Relative links to images and files outside ``notebooks/`` get one more ``../``.
 * A note under the title says how to work, and the export cell says how to continue with the
   reference when stuck: ``export_notebook("01_linear.ipynb", reference=True)``.
 
 A learner's work is never overwritten: ``.generated.json`` records a hash of every file as it was
 written; a file that no longer matches it was changed by the learner and is skipped (the run says so).
-``my_transformer/`` gets an ``__init__.py`` and, for any component module still missing, the stub
-module exported from the student notebook; existing modules are left alone.
+``my_transformer/`` always holds every component: its ``__init__.py`` imports them all, and a component module
+still missing is written as the stubs of its student notebook; existing modules are left alone. So
+``make student NB=notebooks/06_rope.ipynb`` regenerates one notebook and leaves the package whole.
 """
 
 from __future__ import annotations
@@ -40,19 +44,22 @@ from nbconvert.preprocessors import ClearOutputPreprocessor, Preprocessor
 from nbgrader.preprocessors import ClearSolutions
 from traitlets import List, Unicode
 
-from .export import PACKAGE, STUDENT_PACKAGE, export_notebook, module_name
+from .export import PACKAGE, STUDENT_PACKAGE, export_cells, module_name, render
 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_OUT = REPO / "notebooks" / "student"
 MANIFEST = ".generated.json"
-CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
+CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"  # ClearSolutions' stub; StudentEdition names it
+# What my_transformer re-exports besides the components: the switch for the run-time shape checks.
+TOOLING_EXPORTS = {"shapes": ["set_shape_checks", "shape_checks", "shape_checks_enabled"]}
 
-STUDENT_NOTE = """> **Student edition.** You write the parts marked `# YOUR CODE HERE` (replace the
-> `raise NotImplementedError()`); the markdown above each one says what to build, and the hints under it
-> open one at a time. Run the `check_…` cell after your class: it tells you what is wrong, or prints ✓.
-> The export cell then writes your code into your own package, `my_transformer/` (next to this notebook),
-> which the later notebooks import. Stuck? `export_notebook("{name}", reference=True)` continues with the
-> course's reference instead. The guided notebook with every solution is [`../{name}`](../{name})."""
+STUDENT_NOTE = """> **Student edition: you write this notebook.** Every `# YOUR CODE HERE` is yours: replace the
+> `raise NotImplementedError(...)` under it. First the steps of *Build it step by step*, each followed by a cell that
+> checks it and says what is wrong; then the final class, which assembles your steps and is checked by its
+> `check_…` cell; then the exercises. The hints under each task open one at a time. The export cell writes your
+> class into your own package, `my_transformer/` (next to this notebook), which the later notebooks import.
+> Stuck on the class? `export_notebook("{name}", reference=True)` continues with the course's version. The guided
+> notebook, with every solution, is [`../{name}`](../{name})."""
 
 REFERENCE_LINE = (
     '# Stuck? Continue with the course\'s reference instead of yours (here and in the later notebooks):\n'
@@ -81,6 +88,13 @@ class StudentEdition(Preprocessor):
     notebook_name = Unicode(help="the notebook's file name, e.g. 01_linear.ipynb").tag(config=True)
 
     def preprocess(self, nb, resources):
+        section = ""
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                headings = re.findall(r"^## (.+)$", cell.source, re.MULTILINE)
+                section = headings[-1].strip() if headings else section
+            elif STUB_RAISE in cell.source:
+                cell.source = _named_stubs(cell.source, self.notebook_name, section)
         nb, resources = super().preprocess(nb, resources)
         note = nbformat.v4.new_markdown_cell(STUDENT_NOTE.format(name=self.notebook_name))
         note["id"] = "student-edition-note"
@@ -99,6 +113,51 @@ class StudentEdition(Preprocessor):
         elif "export_notebook(" in cell.source and "import export_notebook" in cell.source:
             cell.source = cell.source.rstrip() + "\n" + REFERENCE_LINE.format(name=self.notebook_name)
         return cell, resources
+
+
+STUB_RAISE = "raise NotImplementedError()"
+
+
+def _enclosing_names(source: str) -> dict[int, str]:
+    """Line number (1-based) of every stub's raise -> the qualified name of the function or class around it."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # a cell with IPython syntax: the stubs keep a generic message
+        return {}
+    names: dict[int, str] = {}
+
+    def visit(node: ast.AST, scope: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, scope + [child.name])
+            else:
+                if isinstance(child, ast.Raise) and scope:
+                    names[child.lineno] = ".".join(scope)
+                visit(child, scope)
+
+    visit(tree, [])
+    return names
+
+
+def _named_stubs(source: str, notebook: str, section: str) -> str:
+    """Give each stub's NotImplementedError a message: what is missing, and where it is written."""
+    export = source.lstrip().startswith("#| export")
+    names = _enclosing_names(source)
+    lines = source.split("\n")
+    for number, line in enumerate(lines, start=1):
+        if line.strip() != STUB_RAISE:
+            continue
+        name = names.get(number)
+        where = f"{notebook} ({section})" if section else notebook
+        if name and export:
+            message = (f"{name} is not written yet: write it in {where}, or continue with the reference: "
+                       f'export_notebook("{notebook}", reference=True)')
+        elif name:
+            message = f"{name} is not written yet: write it here, in {where}"
+        else:
+            message = f"not written yet: write your answer here, in {where}"
+        lines[number - 1] = line.replace(STUB_RAISE, f"raise NotImplementedError({message!r})")
+    return "\n".join(lines)
 
 
 def student_notebook(notebook: Path) -> str:
@@ -148,12 +207,41 @@ def _package_init(modules: list[str]) -> str:
         exported = public_names(module)
         names += exported
         lines.append(f"from .{module} import {', '.join(exported)}")
+    lines += ["", "# Not a component: the switch that turns the run-time shape checks off (for training runs)."]
+    for module, exported in TOOLING_EXPORTS.items():
+        names += exported
+        lines.append(f"from {PACKAGE}.{module} import {', '.join(exported)}")
     lines += ["", f"__all__ = {names!r}", ""]
     return "\n".join(lines)
 
 
+def _guided_notebooks() -> list[Path]:
+    return sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def _write_stub_module(guided: Path, out: Path) -> Path:
+    """Write the stubs of ``guided``'s student notebook as its module in the learner's package, and return it.
+
+    The module is what that notebook's export cell would write before any stub is filled in, so every later
+    notebook can import it (and meets a stub that says where to write it).
+    """
+    scratch = out / f".stubs-{guided.name}"
+    scratch.write_text(student_notebook(guided), encoding="utf-8")
+    try:
+        text = render(out / guided.name, export_cells(scratch))
+    finally:
+        scratch.unlink()
+    target = out / STUDENT_PACKAGE / f"{module_name(guided)}.py"
+    target.write_text(text, encoding="utf-8")
+    return target
+
+
 def build(notebooks: list[Path], out: Path = DEFAULT_OUT) -> list[str]:
-    """Write the student edition of ``notebooks`` into ``out``; return one report line per file."""
+    """Write the student edition of ``notebooks`` into ``out``; return one report line per file.
+
+    Whatever ``notebooks`` holds, the learner's package is left whole: every component module exists (the
+    stubs, where none does) and ``__init__.py`` imports every one.
+    """
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / MANIFEST
     manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.exists() else {}
@@ -164,14 +252,15 @@ def build(notebooks: list[Path], out: Path = DEFAULT_OUT) -> list[str]:
 
     package = out / STUDENT_PACKAGE
     package.mkdir(exist_ok=True)
-    modules = [module_name(nb) for nb in notebooks if module_name(nb) in component_modules()]
-    status = _write_unless_edited(package / "__init__.py", _package_init(modules), manifest, out)
+    every = [nb for nb in _guided_notebooks() if module_name(nb) in component_modules()]
+    status = _write_unless_edited(package / "__init__.py", _package_init([module_name(nb) for nb in every]),
+                                  manifest, out)
     report.append(f"{STUDENT_PACKAGE}/__init__.py: {status}")
     manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    for notebook in notebooks:
+    for notebook in every:  # the stubs, so that `import my_transformer` works from the first notebook on
         target = package / f"{module_name(notebook)}.py"
-        if not target.exists():  # the stubs, so that `import my_transformer` works from the first notebook on
-            export_notebook(out / notebook.name, quiet=True)
+        if not target.exists():
+            _write_stub_module(notebook, out)
             report.append(f"{STUDENT_PACKAGE}/{target.name}: written (stubs, from {notebook.name})")
     return report
 
@@ -181,11 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("notebooks", nargs="*", type=Path, help="guided notebooks (default: all of them)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the student edition goes")
     args = parser.parse_args(argv)
-    notebooks = args.notebooks or sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    notebooks = args.notebooks or _guided_notebooks()
     for line in build([nb.resolve() for nb in notebooks], args.out.resolve()):
         print(line)
-    print(f"The student edition is in {args.out}/: start with {notebooks[0].name} there "
-          "(`make lab`, then open it from the file browser).")
+    print(f"The student edition is in {args.out}/. `make workshop` opens JupyterLab on its first notebook.")
     return 0
 
 
