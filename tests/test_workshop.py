@@ -10,6 +10,7 @@ fresh kernels of the project's Python, as JupyterLab would.
 import difflib
 import io
 import json
+import os
 import re
 import tokenize
 from pathlib import Path
@@ -33,8 +34,8 @@ SIMILAR = 0.8
 # Lines this short say nothing about the solution: `)`, `return p`, `break`, `else:`.
 MIN_LINE = 12
 MIN_STEPS = 3  # learner-written, self-checked steps in each notebook's Build it step by step
-# Notebooks still being rewritten as workshops (issue 18); this set only shrinks.
-NOT_YET = {"02_embedding.ipynb", "03_softmax.ipynb", "04_rmsnorm.ipynb", "05_attention.ipynb", "06_rope.ipynb",
+# Notebooks still being rewritten as workshops (issue 18); this set only shrinks. WORKSHOP_ALL=1 tests them all.
+NOT_YET = set() if os.environ.get("WORKSHOP_ALL") else {"02_embedding.ipynb", "03_softmax.ipynb", "04_rmsnorm.ipynb", "05_attention.ipynb", "06_rope.ipynb",
            "07_swiglu.ipynb", "08_multihead_attention.ipynb", "09_transformer_block.ipynb", "10_transformer_lm.ipynb"}
 WORKSHOPS = [nb for nb in NOTEBOOKS if nb.name not in NOT_YET]
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-STUB_FIX = "replace `raise NotImplementedError()` under '# YOUR CODE HERE' with your code, run the cell, then the check"
+STUB_FIX = "replace the `raise NotImplementedError(...)` line under '# YOUR CODE HERE' with your code, run that cell, then this one"
 
 
 def fail(mistake: str, fix: str, evidence: str = "") -> NoReturn:
