@@ -141,8 +141,8 @@ def stub(Q, K, V, mask=None):
 
 
 MUTANTS = [
-    (builtin, "calls F.scaled_dot_product_attention"),
-    (builtin_imported_by_name, "calls F.scaled_dot_product_attention"),
+    (builtin, "calls PyTorch's own F.scaled_dot_product_attention"),
+    (builtin_imported_by_name, "calls PyTorch's own F.scaled_dot_product_attention"),
     (wrong_signature, "signature is (q, k, v, mask)"),
     (no_scale, "scores are not scaled"),
     (divide_by_d_k, "divides the scores by d_k instead of √d_k"),
@@ -206,5 +206,5 @@ def test_a_learner_that_catches_every_exception_is_still_caught_using_the_builti
         except Exception:  # noqa: BLE001 - the learner's fallback must not hide the built-in
             return plain(Q, K, V, mask)
 
-    with pytest.raises(AssertionError, match="calls F.scaled_dot_product_attention"):
+    with pytest.raises(AssertionError, match="calls PyTorch's own F.scaled_dot_product_attention"):
         check_scaled_dot_product_attention(careful)

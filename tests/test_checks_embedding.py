@@ -122,9 +122,14 @@ class DefaultCut(Good):
         nn.init.trunc_normal_(self.weight)  # a=-2, b=2
 
 
-class NotInitialised(Good):
+class Zeros(Good):
     def reset_parameters(self):
         nn.init.zeros_(self.weight)
+
+
+class NeverFilled(Good):
+    def reset_parameters(self):
+        pass  # the table stays as torch.empty made it
 
 
 # --- forward -----------------------------------------------------------------------------------------------
@@ -292,7 +297,7 @@ def wrong_signature_class():
 MUTANTS = [
     (HoldsNnEmbedding, "uses torch.nn.Embedding inside"),
     (IsNnEmbedding, "uses torch.nn.Embedding inside"),
-    (CallsFEmbedding, "calls F.embedding"),
+    (CallsFEmbedding, "calls PyTorch's own F.embedding"),
     (Transposed, "stored transposed"),
     (WithBias, "has a bias"),
     (ExtraScale, "parameters are named"),
@@ -302,7 +307,8 @@ MUTANTS = [
     (LinearStd, "Linear's std"),
     (NotTruncated, "not truncated"),
     (DefaultCut, "cut at ±2"),
-    (NotInitialised, "not initialised"),
+    (Zeros, "constant (all 0), not drawn"),
+    (NeverFilled, "never initialised: it holds whatever torch.empty left"),
     (OnlyBatchSeq, "handles ids of shape (2, 5) but not (7,), (), (1,), (2, 3, 4)"),
     (IndexSelect, "handles ids of shape (7,), (1,) but not (), (2, 5), (2, 3, 4)"),
     (Columns, "looks up columns"),

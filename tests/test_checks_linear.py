@@ -81,6 +81,11 @@ class Zeros(Linear):
         nn.init.zeros_(self.weight)
 
 
+class NeverFilled(Linear):
+    def reset_parameters(self):
+        pass  # the weight stays as torch.empty made it
+
+
 class SameEveryTime(Linear):
     def reset_parameters(self):
         std = _sigma(self)
@@ -176,6 +181,7 @@ MUTANTS = {
     "trunc_normal_ defaults": (AllDefaults, "trunc_normal_'s default std"),
     "uniform (nn.Linear's default)": (UniformDefault, "nn.Linear's default, kaiming_uniform_"),
     "all zeros": (Zeros, "all zeros"),
+    "never filled": (NeverFilled, "never initialised: it holds whatever torch.empty left"),
     "same weights every time": (SameEveryTime, "start with identical weights"),
     "not centred": (NotCentred, "not centred at 0"),
     "bias": (WithBias, "has a bias"),

@@ -164,6 +164,12 @@ class PositionsIgnored(Steps):
         return torch.arange(seq)
 
 
+class DefaultPositionsFromOne(Steps):
+    def positions(self, token_positions, seq):
+        positions = torch.arange(1, seq + 1) if token_positions is None else token_positions
+        return positions.unsqueeze(-2)
+
+
 class NoHeadAxis(Steps):
     def positions(self, token_positions, seq):
         return torch.arange(seq) if token_positions is None else token_positions
@@ -297,6 +303,7 @@ MUTANTS = {
     "RoPE on K only": (RopeOnKOnly, "RoPE is applied to the keys only"),
     "token_positions ignored": (PositionsIgnored, "token_positions is ignored"),
     "no head axis": (NoHeadAxis, "without a head axis"),
+    "default positions from 1": (DefaultPositionsFromOne, "default positions are shifted by one"),
     "output_proj not applied": (OutputProjNotApplied, "output_proj is not applied"),
     "output_proj missing": (NoOutputProj, "has no output_proj"),
     "shared projection": (SharedProjection, "are one and the same Linear"),

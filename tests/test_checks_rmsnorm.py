@@ -67,6 +67,18 @@ class GainRandom(Right):
         nn.init.normal_(self.weight)
 
 
+class NeverFilled(Right):
+    def __init__(self, d_model, eps=1e-5, device=None, dtype=None):
+        nn.Module.__init__(self)
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))  # and nothing fills it
+
+
+class CentredVarianceNotRms(Right):
+    def normalise(self, x):
+        return x / torch.sqrt(x.var(dim=-1, unbiased=False, keepdim=True) + self.eps) * self.weight
+
+
 class ResetParametersStub(Right):
     def reset_parameters(self):
         raise NotImplementedError()
@@ -202,6 +214,7 @@ MUTANTS = [
     (GainNamedG, "parameters are named ['g']"),
     (GainZeros, "initialised to zeros"),
     (GainRandom, "initialised to random values"),
+    (NeverFilled, "never initialised: it holds whatever torch.empty left"),
     (ResetParametersStub, "reset_parameters() is not written yet"),
     (ResetParametersDoesNothing, "reset_parameters() does not set the gain back to ones"),
     (DefaultEps1e6, "default eps is 1e-06"),
@@ -214,7 +227,8 @@ MUTANTS = [
     (NoKeepdim, "without keepdim=True"),
     (SumNotMean, "summed, not averaged"),
     (LayerNormInstead, "subtracts the mean, which makes it LayerNorm"),
-    (StdNotRms, "standard deviation"),
+    (StdNotRms, "standard deviation (x.std / x.var)"),
+    (CentredVarianceNotRms, "the root of the centred variance"),
     (NoSqrt, "square root is missing"),
     (EpsOutsideSqrt, "eps is added outside the square root"),
     (EpsIgnored, "eps is ignored, so an all-zero vector gives 0/0 = NaN"),

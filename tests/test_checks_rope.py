@@ -13,11 +13,12 @@ class Rope(nn.Module):
     """A plain RoPE written for these tests, with one knob per classic mistake (all off: it is right)."""
 
     def __init__(self, theta, d_k, max_seq_len, device=None, *, exponent=lambda k, d: -2 * k / d,
-                 table_length=None, register="buffer"):
+                 table_length=None, register="buffer", angle_dtype=torch.float64, first_position=0):
         super().__init__()
         self.theta = theta
-        k = torch.arange(d_k // 2, dtype=torch.float64)
-        angles = torch.arange(table_length or max_seq_len, dtype=torch.float64)[:, None] * theta ** exponent(k, d_k)
+        k = torch.arange(d_k // 2, dtype=angle_dtype)
+        positions = torch.arange(first_position, first_position + (table_length or max_seq_len), dtype=angle_dtype)
+        angles = positions[:, None] * theta ** exponent(k, d_k)
         cos, sin = angles.cos().float().to(device), angles.sin().float().to(device)
         if register == "parameter":
             self.cos_table, self.sin_table = nn.Parameter(cos), nn.Parameter(sin)
@@ -59,6 +60,40 @@ class HalfSplit(Rope):
 class WrittenBackHalfSplit(Rope):
     def write_back(self, even, odd):
         return torch.cat((even, odd), dim=-1)
+
+
+class HalfSplitShifted(HalfSplit):
+    """Half-split pairs and, on top of that, the angles of the next position: only the pairing gives it away."""
+
+    def tables(self, x, token_positions):
+        return super().tables(x, token_positions + 1)
+
+
+class MixedLayouts(Rope):
+    """Hugging Face's rotate_half, with cos and sin repeated for interleaved pairs."""
+
+    def forward(self, x, token_positions):
+        cos, sin = (t.repeat_interleave(2, dim=-1) for t in self.tables(x, token_positions))
+        first, second = x.chunk(2, dim=-1)
+        return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+class AnglesInFloat32(Rope):
+    def __init__(self, theta, d_k, max_seq_len, device=None):
+        super().__init__(theta, d_k, max_seq_len, device, angle_dtype=torch.float32)
+
+
+class TableFromOne(Rope):
+    def __init__(self, theta, d_k, max_seq_len, device=None):
+        super().__init__(theta, d_k, max_seq_len, device, first_position=1)
+
+
+class PositionsMinusOne(Rope):
+    def tables(self, x, token_positions):  # the angles of position i - 1 (-1 at position 0), computed directly
+        d_k = self.cos_table.shape[-1] * 2
+        k = torch.arange(d_k // 2, dtype=torch.float64)
+        angles = (token_positions - 1).double()[..., None] * self.theta ** (-2 * k / d_k)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
 
 
 class WrongDirection(Rope):
@@ -140,6 +175,10 @@ class WrongSignature(Rope):
 
 MUTANTS = {
     "half-split pairs": (HalfSplit, "half-split pairs (x[k], x[k + d_k/2])"),
+    "mixed layouts": (MixedLayouts, "mixes two layouts"),
+    "angles in float32": (AnglesInFloat32, "the angles are computed in float32"),
+    "table from position 1": (TableFromOne, "angles of position i + 1"),
+    "positions - 1": (PositionsMinusOne, "angles of position i - 1"),
     "written back half-split": (WrittenBackHalfSplit, "written back half-split"),
     "wrong direction": (WrongDirection, "wrong direction"),
     "exponent k/d": (ExponentKOverD, "exponent k/d_k instead of 2k/d_k"),
@@ -193,6 +232,12 @@ def test_messages_are_distinct():
 @pytest.mark.parametrize("mutant, phrase", MUTANTS.values(), ids=list(MUTANTS))
 def test_each_mistake_gets_its_own_verdict(mutant, phrase):
     assert_own_verdict(check_rope, mutant, phrase, MUTANTS.values())
+
+
+def test_half_split_pairs_are_named_whatever_their_angles():
+    """A half-split RoPE that is also off in its angles matches no variant: the pairs it rotates give it away."""
+    assert_own_verdict(check_rope, HalfSplitShifted, "half-split pairs (x[k], x[k + d_k/2])", MUTANTS.values(),
+                       except_within=True)
 
 
 class Stub(nn.Module):

@@ -233,12 +233,12 @@ MUTANTS = [
     (float64_in_float32, "float64 inputs are computed in float32"),
     (clamped_away_from_zero, "not exactly 0"),
     (fully_masked_made_up, "all -inf slice comes out as numbers"),
-    (calls_torch_softmax, "calls torch.softmax"),
-    (calls_functional_softmax, "calls F.softmax"),
-    (calls_method, "calls x.softmax"),
-    (calls_module, "calls F.softmax"),  # nn.Softmax goes through F.softmax
-    (calls_a_renamed_builtin, "calls PyTorch's built-in softmax"),
-    (via_log_softmax, "calls torch.log_softmax"),
+    (calls_torch_softmax, "calls PyTorch's own torch.softmax"),
+    (calls_functional_softmax, "calls PyTorch's own F.softmax"),
+    (calls_method, "calls PyTorch's own x.softmax"),
+    (calls_module, "calls PyTorch's own F.softmax"),  # nn.Softmax goes through F.softmax
+    (calls_a_renamed_builtin, "calls PyTorch's own torch.softmax"),  # an alias is the same function
+    (via_log_softmax, "calls PyTorch's own torch.log_softmax"),
     (no_grad, "cut off from autograd"),
     (detached_sum, "the gradient of"),
     (in_place, "modifies its input x in place"),

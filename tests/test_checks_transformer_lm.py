@@ -135,6 +135,20 @@ class PositionsNotPassed(Steps):
         return super().run_blocks(x, None)
 
 
+class DefaultPositionsFromOne(Steps):
+    def run_blocks(self, x, token_positions):
+        if token_positions is None:
+            token_positions = torch.arange(1, x.shape[-2] + 1)
+        return super().run_blocks(x, token_positions)
+
+
+class FusedNotPassedOn(Steps):
+    def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, device=None,
+                 dtype=None, *, fused=False):
+        super().__init__(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, device=device,
+                         dtype=dtype)  # fused dropped
+
+
 def _attention_without_mask(attn, x, token_positions):
     """attn's computation with every query seeing every key (no causal mask)."""
     split = lambda t: rearrange(t, "... s (h d) -> ... h s d", h=attn.num_heads)
@@ -239,6 +253,8 @@ MUTANTS = [
     (ResidualTwice, "residual is added twice"),
     (EveryBlockReadsTheEmbeddings, "every block reads the embeddings"),
     (PositionsNotPassed, "token_positions are not passed on"),
+    (DefaultPositionsFromOne, "default positions are shifted by one"),
+    (FusedNotPassedOn, "does not pass fused on to its blocks"),
     (NotCausal, "no causal mask anywhere"),
     (NotCausalOtherwise, "later tokens change the logits of earlier positions"),
     (CalledBlocks, "calls it `blocks`"),

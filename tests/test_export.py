@@ -1,6 +1,8 @@
 """The notebook -> package export: deterministic, idempotent, checked, and never destroys a hand edit."""
 
+import importlib.util
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -135,6 +137,8 @@ def test_a_hand_edit_is_never_overwritten(demo):
     message = str(refused.value)
     assert "demo.py was edited by hand" in message
     assert "To keep your edit" in message and "To discard your edit" in message and "--force" in message
+    command = re.search(r"python -m ([\w.]+)", message)
+    assert command and importlib.util.find_spec(command[1]) is not None, "the message names a module that exists"
     assert module.read_text() == edited
     with pytest.raises(ExportError, match="edited by hand"):
         check_notebook(notebook)

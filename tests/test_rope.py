@@ -8,22 +8,20 @@ import pytest
 import torch
 from conftest import DEVICES, FLOAT_DTYPES, LEADING_SHAPES
 
+from transformer_from_scratch import reference
 from transformer_from_scratch import RotaryPositionalEmbedding
 
 THETA, D_K, MAX_SEQ_LEN, SEQ = 10000.0, 16, 64, 7
 
 
 def angles(positions, d_k=D_K, theta=THETA):
-    """(..., seq, d_k/2): θ_{i,k} = i / theta^(2k/d_k), in float64."""
-    k = torch.arange(d_k // 2, dtype=torch.float64)
-    return positions.double()[..., None] / theta ** (2 * k / d_k)
+    """(..., seq, d_k/2): θ_{i,k} = i / theta^(2k/d_k), in float64 (the course's reference)."""
+    return reference.rope_angles(positions, d_k, theta)
 
 
 def rotate_complex(x, positions, theta=THETA):
-    """Pair k = (x[2k], x[2k+1]) as the complex number x[2k] + i·x[2k+1], multiplied by e^{iθ}."""
-    pairs = torch.view_as_complex(x.detach().cpu().double().reshape(*x.shape[:-1], -1, 2).contiguous())
-    a = angles(positions.cpu(), x.shape[-1], theta)
-    return torch.view_as_real(pairs * torch.polar(torch.ones_like(a), a)).reshape(x.shape)
+    """The course's reference: pair k = (x[2k], x[2k+1]) as x[2k] + i·x[2k+1], times e^{iθ}, in float64 on the CPU."""
+    return reference.rotate(x.detach().cpu().double(), positions.cpu(), theta)
 
 
 def rotation_matrix(position, d_k=D_K, theta=THETA):
@@ -112,6 +110,20 @@ def test_integer_dtypes_of_positions():
         torch.testing.assert_close(rope(x, positions.to(dtype)), rope(x, positions))
     with pytest.raises(TypeError):  # uint8 would index as a mask; the annotation refuses it
         rope(x, positions.to(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_views_of_x_that_view_as_complex_cannot_read_are_rotated_too(dtype):
+    """A transposed view, a slice with odd strides, a slice at an odd offset: forward copies them first."""
+    rope = RotaryPositionalEmbedding(THETA, D_K, MAX_SEQ_LEN)
+    positions = torch.arange(SEQ)
+    views = {"transposed": random_x(2, D_K, SEQ, dtype=dtype).transpose(-1, -2),
+             "odd strides": random_x(2, SEQ, D_K + 1, dtype=dtype)[..., 1:],
+             "odd offset": random_x(1 + 2 * SEQ * D_K, dtype=dtype)[1:].view(2, SEQ, D_K)}
+    for name, x in views.items():
+        out = rope(x, positions)
+        torch.testing.assert_close(out, rotate_complex(x.clone(), positions).to(dtype), **tolerance(dtype), msg=name)
+        torch.testing.assert_close(out, rope(x.clone(), positions), rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

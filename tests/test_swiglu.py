@@ -10,6 +10,7 @@ from conftest import DEVICES, FLOAT_DTYPES, LEADING_SHAPES
 from torch import nn
 from torch.func import functional_call
 
+from transformer_from_scratch import reference
 from transformer_from_scratch import Linear, SwiGLU, silu, swiglu_hidden_size
 
 HALF_DTYPES = [pytest.param(torch.float16, id="float16"), pytest.param(torch.bfloat16, id="bfloat16")]
@@ -17,8 +18,8 @@ TRUNCATED_STD = 0.98658  # std of N(0, 1) truncated to [-3, 3]
 
 
 def reference_swiglu(x, ffn):
-    """w2(silu(w1 x) ⊙ w3 x) from PyTorch's built-ins, with the module's weights."""
-    return F.linear(F.silu(F.linear(x, ffn.w1.weight)) * F.linear(x, ffn.w3.weight), ffn.w2.weight)
+    """w2(silu(w1 x) ⊙ w3 x) from PyTorch's built-ins (the course's reference), with the module's weights."""
+    return reference.swiglu(x, ffn.w1.weight, ffn.w2.weight, ffn.w3.weight)
 
 
 # ------------------------------------------------------------------------------------------------ silu

@@ -58,7 +58,7 @@ def _build(row: str, device: str, shape: dict):
     import torch
 
     import transformer_from_scratch as tfs
-    from transformer_from_scratch.benchmark.reference import ReferenceLM
+    from transformer_from_scratch.reference import ReferenceLM
 
     torch.manual_seed(0)
     sizes = {k: shape[k] for k in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff")}

@@ -1,7 +1,7 @@
 """Checks that tell a learner precisely what is wrong with the component they wrote.
 
 One function per component, ``check_<component>(impl)``: ``impl`` is the learner's class (constructed with
-the signature the course fixes, see ``SPEC``) or function.
+the signature the course fixes, see CONTRACT.md) or function.
 
 * Right: it returns ``None`` and prints one line saying what was checked.
 * Wrong: it raises ``AssertionError`` whose first line names the most likely mistake and how to fix it;

@@ -221,6 +221,38 @@ def check_device_and_dtype(make: Callable[..., nn.Module], name: str) -> None:
              "Linear(..., device=device) for a submodule")
 
 
+class _UnfilledIsNaN(TorchFunctionMode):
+    """Every floating-point tensor that torch.empty (or empty_like, new_empty) makes inside the block starts as NaN.
+
+    torch.empty hands back whatever the memory held: often zeros, sometimes an earlier tensor's numbers, which can
+    even look like a draw. Filled with NaN, a parameter that is never initialised shows for sure.
+    """
+
+    _EMPTY = {torch.empty, torch.empty_like, torch.Tensor.new_empty, torch.empty_strided}
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        if func in self._EMPTY and isinstance(result, torch.Tensor) and result.is_floating_point() \
+                and result.device.type != "meta":
+            with torch.no_grad():
+                result.fill_(float("nan"))
+        return result
+
+
+def check_initialised(name: str, make: Callable[[], nn.Module], fix: str) -> nn.Module:
+    """``make()``, failing when a parameter is never filled (left as torch.empty made it); returns the module.
+
+    ``fix`` says how to fill it (the recipe's initialiser).
+    """
+    with _UnfilledIsNaN():
+        module = call(f"{name}(...)", make)
+    unfilled = [key for key, p in module.named_parameters() if p.is_floating_point() and torch.isnan(p).all()]
+    if unfilled:
+        fail(f"{name}.{unfilled[0]} is never initialised: it holds whatever torch.empty left in memory (zeros, old "
+             "numbers, or NaN: here the check filled that memory with NaN, and NaN is what came out)", fix)
+    return module
+
+
 class BuiltinSpy(TorchFunctionMode):
     """Records which of ``builtins`` (callable -> name shown to the learner) run inside the ``with`` block.
 
@@ -239,15 +271,21 @@ class BuiltinSpy(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def refuse_builtins(what: str, spy: BuiltinSpy, fix: str) -> None:
+    """Fail with "``what`` calls PyTorch's own <built-in> ...: ``fix``" if ``spy`` saw one of its built-ins run."""
+    if spy.used:
+        fail(f"{what} calls PyTorch's own {spy.used[0]}, the built-in this notebook builds", fix)
+
+
 def call_without_builtins(what: str, builtins: dict[Callable[..., Any], str], fix: str,
                           fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``call(what, fn, ...)``, failing with "``what`` calls <built-in> ...: ``fix``" if it used one of ``builtins``.
 
-    SPEC.md: the built-in a notebook teaches is a reference for tests and the notebook's Verify section,
-    never a part of the learner's class.
+    The contract (CONTRACT.md): the built-in a notebook teaches is a reference for tests and the notebook's Verify
+    section, never a part of the learner's component. Every check watches for it this one way (a ``BuiltinSpy``:
+    nothing is patched, an alias is seen too, and a learner's ``except`` cannot hide it).
     """
     with BuiltinSpy(builtins) as spy:
         result = call(what, fn, *args, **kwargs)
-    if spy.used:
-        fail(f"{what} calls PyTorch's own {spy.used[0]}, the built-in this notebook builds", fix)
+    refuse_builtins(what, spy, fix)
     return result

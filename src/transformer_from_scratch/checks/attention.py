@@ -9,15 +9,12 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.overrides import TorchFunctionMode
 
-from ._harness import call, check_signature, close, describe, fail, generator, passed
+from .. import reference
+from ._harness import call, call_without_builtins, check_signature, close, describe, fail, generator, passed
 
 _NAME = "scaled_dot_product_attention"
-# Saved at import: the check patches F.scaled_dot_product_attention while the learner's code runs, and its
-# own reference must never be the patched one.
-_SDPA = F.scaled_dot_product_attention
+_SDPA = reference.SDPA  # the built-in, as imported: what the check watches for
 _N, _M, _D_K, _D_V = 5, 7, 8, 3  # n != m and d_k != d_v, so a swapped axis cannot go unnoticed
 _FORMULA = "softmax(Q Kᵀ / √d_k, dim=-1) @ V"
 
@@ -28,15 +25,9 @@ Variant = Callable[[Tensor, Tensor, Tensor, "Tensor | None"], Tensor]
 # The reference and the classic wrong variants, written with plain torch ops (float64 on the CPU)
 # ---------------------------------------------------------------------------------------------------------
 
-def _sdpa_math(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None) -> Tensor:
-    """F.scaled_dot_product_attention's math implementation (it gives zeros for fully masked rows)."""
-    with sdpa_kernel([SDPBackend.MATH]):
-        return _SDPA(Q, K, V, attn_mask=mask)
-
-
 def _reference(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None) -> Tensor:
-    """PyTorch's own attention on the CPU, without gradients."""
-    return _sdpa_math(Q.detach().cpu(), K.detach().cpu(), V.detach().cpu(), None if mask is None else mask.cpu())
+    """The course's reference (PyTorch's own attention, math implementation) on the CPU, without gradients."""
+    return reference.attention(Q.detach().cpu(), K.detach().cpu(), V.detach().cpu(), None if mask is None else mask.cpu())
 
 
 def _attend(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None, *, scale: float | None = None,
@@ -159,50 +150,11 @@ def _shapes(*tensors: Tensor | None) -> str:
 # Running the learner's function
 # ---------------------------------------------------------------------------------------------------------
 
-class _UsedBuiltin(BaseException):
-    """Raised by the patched F.scaled_dot_product_attention; a BaseException, so `except Exception` lets it through."""
-
-
-class _BuiltinSpy(TorchFunctionMode):
-    """Notes whether F.scaled_dot_product_attention runs, under any name (an imported alias, too)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.used = False
-
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
-        if func is _SDPA:
-            self.used = True
-        return func(*args, **(kwargs or {}))
-
-
 def _check_no_builtin(impl: Callable[..., Any], Q: Tensor, K: Tensor, V: Tensor) -> None:
-    """Run ``impl`` once with F.scaled_dot_product_attention patched to raise; fail if it was used."""
-    used: list[bool] = []
-
-    def forbidden(*args: Any, **kwargs: Any) -> Any:
-        used.append(True)
-        raise _UsedBuiltin
-
-    what = f"{_NAME}({_shapes(Q, K, V)})"
-    saved = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
-    try:
-        F.scaled_dot_product_attention = forbidden
-        torch._C._nn.scaled_dot_product_attention = forbidden
-        with _BuiltinSpy() as spy:
-            call(what, impl, Q, K, V)
-    except _UsedBuiltin:
-        pass
-    except AssertionError:
-        if not used:
-            raise
-    finally:
-        F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention = saved
-    if used or spy.used:
-        fail(f"{_NAME} calls F.scaled_dot_product_attention, the built-in this notebook builds",
-             f"compute it yourself from the formula, {_FORMULA}, with the mask applied to the scores; "
-             "the built-in is only the reference")
+    """Run ``impl`` once, watching for F.scaled_dot_product_attention under any name; fail if it was used."""
+    call_without_builtins(_NAME, {_SDPA: "F.scaled_dot_product_attention"},
+                          f"compute it yourself from the formula, {_FORMULA}, with the mask applied to the scores; "
+                          "the built-in is only the reference", impl, Q, K, V)
 
 
 def _run(impl: Callable[..., Any], Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -258,7 +210,7 @@ def _check_gradients(out: Tensor, inputs: tuple[Tensor, Tensor, Tensor], mask: T
     upstream = torch.randn(out.shape, generator=gen, dtype=out.dtype)
     call(f"the backward pass of {_NAME} on {what}", lambda: (out * upstream).sum().backward())
     copies = [t.detach().clone().requires_grad_() for t in inputs]
-    (_sdpa_math(*copies, mask) * upstream).sum().backward()
+    (reference.attention(*copies, mask) * upstream).sum().backward()
     for name, mine, ref in zip("QKV", inputs, copies):
         if mine.grad is None:
             fail(f"no gradient reaches {name}", "do not .detach() or use .data / torch.no_grad() inside the function",

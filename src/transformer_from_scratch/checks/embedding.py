@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +12,8 @@ from torch import nn
 
 from ._harness import (
     STUB_FIX,
+    BuiltinSpy,
+    check_initialised,
     check_device_and_dtype,
     check_parameters,
     check_signature,
@@ -21,6 +22,7 @@ from ._harness import (
     fail,
     generator,
     passed,
+    refuse_builtins,
 )
 
 NAME = "Embedding"
@@ -83,27 +85,6 @@ def _call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return out
 
 
-@contextmanager
-def _builtins_forbidden() -> Iterator[list[str]]:
-    """While inside, ``F.embedding`` and ``torch.embedding`` raise and record that they were called."""
-    used: list[str] = []
-    originals = [(F, "embedding", F.embedding), (torch, "embedding", torch.embedding)]
-
-    def forbidden(name: str) -> Callable[..., Any]:
-        def replacement(*args: Any, **kwargs: Any) -> Any:
-            used.append(name)
-            raise RuntimeError(f"{name} is switched off while check_embedding looks at your forward")
-        return replacement
-
-    try:
-        F.embedding = forbidden("F.embedding")
-        torch.embedding = forbidden("torch.embedding")
-        yield used
-    finally:
-        for owner, attribute, original in originals:
-            setattr(owner, attribute, original)
-
-
 def _check_structure(impl: Callable[..., nn.Module]) -> None:
     """No nn.Embedding inside; one parameter ``weight`` of shape (V, D), no bias, no extras."""
     module = _call(f"{NAME}({V}, {D})", impl, V, D)
@@ -129,6 +110,8 @@ def _check_structure(impl: Callable[..., nn.Module]) -> None:
 def _check_init(impl: Callable[..., nn.Module]) -> None:
     """The table's statistics: N(0, 1) truncated at [-3, 3], so std 0.9866 and largest |entry| just under 3."""
     vocab, d = INIT_SIZE
+    check_initialised(NAME, lambda: impl(50, 8), "fill it in reset_parameters, in place: "
+                      "nn.init.trunc_normal_(self.weight, mean=0.0, std=1.0, a=-3.0, b=3.0)")
     torch.manual_seed(0)  # inside check_embedding's fork_rng: the same table every time
     module = _call(f"{NAME}({vocab}, {d})", impl, vocab, d)
     w = module.weight.detach().double().cpu()
@@ -136,7 +119,8 @@ def _check_init(impl: Callable[..., nn.Module]) -> None:
         w.mean().item(), w.std().item(), w.abs().max().item(), RIGHT_STD) if torch.isfinite(w).all() else ""
     use = "nn.init.trunc_normal_(self.weight, mean=0.0, std=1.0, a=-3.0, b=3.0)"
     if not torch.isfinite(w).all() or w.std().item() == 0:
-        fail(f"{NAME}'s weight is not initialised (constant, or torch.empty's leftover memory)",
+        fail(f"{NAME}'s weight is constant (all {w.flatten()[0].item():g}), not drawn" if torch.isfinite(w).all()
+             else f"{NAME}'s weight holds inf or NaN, so it is not initialised",
              f"draw it in reset_parameters with {use}", evidence or "it holds inf or NaN")
     mean, std, largest = w.mean().item(), w.std().item(), w.abs().max().item()
     for sigma, mistake in [(1 / math.sqrt(d), "std 1/sqrt(d_model) (a scaled init)"),
@@ -163,12 +147,9 @@ def _ids(shape: tuple[int, ...], vocab: int, gen: torch.Generator) -> torch.Tens
 
 def _check_not_builtin(impl: Callable[..., nn.Module]) -> None:
     module = _call(f"{NAME}({V}, {D})", impl, V, D)
-    ids = torch.tensor([[1, 4], [4, 0]])
-    with _builtins_forbidden() as used:
-        _attempt(f"{NAME}.forward", module, ids)
-    if used:
-        fail(f"{NAME}.forward calls {used[0]}, the built-in this notebook rebuilds",
-             "index the table yourself: self.weight[ids] gathers one row per id")
+    with BuiltinSpy({F.embedding: "F.embedding", torch.embedding: "torch.embedding"}) as spy:
+        _attempt(f"{NAME}.forward", module, torch.tensor([[1, 4], [4, 0]]))  # a crash is diagnosed later, by shape
+    refuse_builtins(f"{NAME}.forward", spy, "index the table yourself: self.weight[ids] gathers one row per id")
 
 
 def _refuses_valid_ids(module: nn.Module, vocab: int) -> None:
@@ -351,17 +332,16 @@ def check_embedding(impl: Callable[..., nn.Module]) -> None:
     What it checks, in this order: the signature ``(num_embeddings, embedding_dim, device=None,
     dtype=None)``; one parameter ``weight`` of shape (num_embeddings, embedding_dim) and nothing else;
     ``device`` and ``dtype`` honoured; the init's statistics on a 512 x 64 table (mean 0, std 0.9866,
-    cut at ±3); that ``F.embedding`` / ``torch.embedding`` are not called (they are switched off
-    during one call, and restored); the output against ``F.embedding`` for ids of shape (7,), (), (1,),
+    cut at ±3); that ``F.embedding`` / ``torch.embedding`` are not called (watched for during one call, under any
+    name); the output against ``F.embedding`` for ids of shape (7,), (), (1,),
     (2, 5), (2, 3, 4), float32, float64 and bfloat16 tables, 11 x 6 and 8 x 8; ids of every integer
     dtype (int32, uint8, int16, int8, uint16, uint32, uint64 against int64); a bool tensor refused; a
     ValueError for ids out of range; empty ids; the gradient of the table (float64, repeated ids).
 
-    Negative ids: SPEC.md fixes only ``forward(token_ids)``, but the course teaches a clear error (the
-    docstring of notebook 02's class promises a ``ValueError`` for an id outside [0, num_embeddings)),
-    and plain indexing reads row V - 1 for the id -1 without a word. So this check counts a silent
-    wrap-around as a failure, and asks for a ``ValueError`` for ids < 0 and >= num_embeddings alike
-    (PyTorch's own IndexError for a too-large id on the CPU is a device-side assert on a GPU).
+    Out-of-range ids: the contract (CONTRACT.md) asks for a ``ValueError`` for an id outside [0, num_embeddings),
+    and plain indexing reads row V - 1 for the id -1 without a word. So this check counts a silent wrap-around as a
+    failure, and asks for a ``ValueError`` for ids < 0 and >= num_embeddings alike (PyTorch's own IndexError for a
+    too-large id on the CPU is a device-side assert on a GPU).
 
     Mistakes it recognises by name:
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._harness import call, call_without_builtins, check_device_and_dtype, check_parameters, check_signature, close, describe, fail, generator, passed
+from ._harness import call, check_initialised, call_without_builtins, check_device_and_dtype, check_parameters, check_signature, close, describe, fail, generator, passed
 
 _NAME = "Linear"
 _EINSUM = 'einsum(x, self.weight, "... d_in, d_out d_in -> ... d_out")'
@@ -171,6 +171,8 @@ def _check_gradients(impl: type) -> None:
 
 def _check_init(impl: type) -> None:
     """N(0, σ²) with σ² = 2/(d_in + d_out), cut at ±3σ, drawn afresh from torch's generator."""
+    check_initialised(_NAME, lambda: impl(5, 3), "fill it in reset_parameters, in place: nn.init.trunc_normal_("
+                      "self.weight, mean=0.0, std=σ, a=-3 * σ, b=3 * σ) with σ = math.sqrt(2 / (in_features + out_features))")
     torch.manual_seed(1)
     first = call("Linear(5, 3)", impl, 5, 3).weight.detach()
     if not torch.isfinite(first).all():

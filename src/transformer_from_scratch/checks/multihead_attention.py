@@ -1,7 +1,8 @@
 """``check_multihead_self_attention``: the learner's ``MultiHeadSelfAttention`` (notebook 08), loaded with known
-weights, against a reference assembled from PyTorch built-ins: ``F.linear`` for the four projections and
-``F.scaled_dot_product_attention(is_causal=True)`` for the heads, with RoPE written here as a complex
-multiplication (independent of the package's ``RotaryPositionalEmbedding``)."""
+weights, against the course's reference (``transformer_from_scratch.reference``): ``F.linear`` for the four
+projections and ``F.scaled_dot_product_attention(is_causal=True)`` for the heads, with RoPE as a complex
+multiplication (independent of the package's ``RotaryPositionalEmbedding``). The classic mistakes are the same
+computation with one knob turned (``_mhsa``), built from the reference's pieces."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import reference
 from ._harness import (BuiltinSpy, call, check_device_and_dtype, check_gradients, check_parameters, check_signature,
                        close, describe, fail, generator, passed)
 
 _NAME = "MultiHeadSelfAttention"
 _SIGNATURE = ["d_model", "num_heads", "max_seq_len", "theta", "device", "dtype"]
-_SDPA = F.scaled_dot_product_attention  # saved at import, so the reference is never a patched one
+_SDPA = reference.SDPA  # saved at import, so the reference is never a patched one
 # d_model = 12 in 3 heads of d_k = 4, over 5 tokens: seq, heads and d_k all differ, so a reshape that mixes
 # them cannot go unnoticed, and √d_model ≠ √d_k.
 _D_MODEL, _HEADS, _SEQ = 12, 3, 5
@@ -32,15 +34,6 @@ _RIGHT_ROPE = "after splitting the heads: q = rope(q, positions), k = rope(k, po
 # ---------------------------------------------------------------------------------------------------------
 # The reference and the classic wrong variants (float64 on the CPU, PyTorch built-ins only)
 # ---------------------------------------------------------------------------------------------------------
-
-def _rotate(x: Tensor, positions: Tensor, theta: float) -> Tensor:
-    """RoPE as a complex product: the pair (x[2k], x[2k+1]) is x[2k] + i·x[2k+1], times e^{i·position·θ^(-2k/d)}."""
-    d = x.shape[-1]
-    frequencies = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = positions.to(torch.float64)[..., None] * frequencies  # (..., seq, d/2)
-    pairs = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())
-    return torch.view_as_real(pairs * torch.polar(torch.ones_like(angles), angles)).flatten(-2)
-
 
 def _split(t: Tensor, heads: int, how: str) -> Tensor:
     """(..., seq, d_model) -> (..., heads, seq, d_k), the right way or a classic wrong one."""
@@ -76,11 +69,11 @@ def _mhsa(x: Tensor, weights: dict[str, Tensor], heads: int, theta: float | None
         positions = torch.arange(seq) if positions is None else positions.cpu()
         rotated = {"qk": "qk", "qkv": "qkv", "q": "q", "k": "k"}[rope_on]
     if rope and rope_width == "d_model":  # RoPE on the whole d_model-vector, before the split
-        q, k, v = (_rotate(t, positions, theta) if name in rotated else t for name, t in zip("qkv", (q, k, v)))
+        q, k, v = (reference.rotate(t, positions, theta) if name in rotated else t for name, t in zip("qkv", (q, k, v)))
     q, k, v = (_split(t, heads, split) for t in (q, k, v))
     if rope and rope_width == "d_k":
         where = positions.unsqueeze(-2) if head_axis else positions
-        q, k, v = (_rotate(t, where, theta) if name in rotated else t for name, t in zip("qkv", (q, k, v)))
+        q, k, v = (reference.rotate(t, where, theta) if name in rotated else t for name, t in zip("qkv", (q, k, v)))
     d_k = d_model // heads
     factor = 1 / math.sqrt(d_model if scale == "d_model" else d_k)
     if mask == "causal":
@@ -236,7 +229,7 @@ def _compare(out: Tensor, x: Tensor, weights: dict[str, Tensor], theta: float | 
 # ---------------------------------------------------------------------------------------------------------
 
 def _check_structure(impl: Any) -> None:
-    """Signature, the four Linear submodules with the SPEC's names and shapes, nothing else, no bias."""
+    """Signature, the four Linear submodules with the contract's names and shapes, nothing else, no bias."""
     if isinstance(impl, nn.Module):
         fail(f"check_multihead_self_attention got a {type(impl).__name__} object, not the class",
              f"pass the class itself: check_multihead_self_attention({type(impl).__name__})")
@@ -297,8 +290,8 @@ def _check_devices(impl: Any) -> None:
              "pass device=device to RotaryPositionalEmbedding(theta, d_k, max_seq_len, device=device)")
 
 
-def _inputs(gen: torch.Generator, leading: tuple[int, ...], dtype: torch.dtype = torch.float64) -> Tensor:
-    return torch.randn(*leading, _SEQ, _D_MODEL, generator=gen, dtype=torch.float64).to(dtype)
+def _inputs(gen: torch.Generator, leading: tuple[int, ...], dtype: torch.dtype = torch.float64, seq: int = _SEQ) -> Tensor:
+    return torch.randn(*leading, seq, _D_MODEL, generator=gen, dtype=torch.float64).to(dtype)
 
 
 def _check_without_rope(impl: Any, gen: torch.Generator) -> None:
@@ -338,6 +331,30 @@ def _check_with_rope(impl: Any, gen: torch.Generator) -> None:
              _POSITION_VARIANTS + _ROPE_VARIANTS + _STRUCTURE_VARIANTS, what, **tolerance)
 
 
+def _check_full_length(impl: Any, gen: torch.Generator) -> None:
+    """A sequence of max_seq_len tokens with the default positions: 0 … max_seq_len - 1 must all be in RoPE's table.
+
+    A shift of every position by one changes no score (RoPE only sees offsets), so it shows only here, where the last
+    position falls off the end of the table.
+    """
+    weights = _known_weights(gen)
+    module = _make(impl, _D_MODEL, _HEADS, _MAX_SEQ_LEN, _THETA, dtype=torch.float64)
+    _load(module, weights)
+    x = _inputs(gen, (), seq=_MAX_SEQ_LEN)
+    what = f"{_NAME}(..., max_seq_len={_MAX_SEQ_LEN}) on x of shape {tuple(x.shape)} (a full-length sequence)"
+    try:
+        out = _forward(module, x, None, what)
+    except AssertionError as error:
+        cause = str(error.__cause__ or "")
+        if f"got values from 1 to {_MAX_SEQ_LEN}" in cause:
+            fail("the default positions are shifted by one (1 … seq instead of 0 … seq - 1): the last token of a "
+                 "full-length sequence falls off the end of RoPE's table",
+                 "default token_positions to torch.arange(seq) (positions start at 0), and pass them on unchanged",
+                 f"{what}: {cause.splitlines()[0]}")
+        raise
+    _compare(out, x, weights, _THETA, None, _STRUCTURE_VARIANTS + _ROPE_VARIANTS, what, rtol=1e-6, atol=1e-6)
+
+
 def _check_gradients(impl: Any, gen: torch.Generator) -> None:
     """x.grad and every projection's weight.grad equal the reference's (float64, with RoPE)."""
     weights = _known_weights(gen)
@@ -354,11 +371,7 @@ def _check_gradients(impl: Any, gen: torch.Generator) -> None:
 
 def _mhsa_differentiable(x: Tensor, weights: dict[str, Tensor]) -> Tensor:
     """The reference with RoPE at default positions, keeping the graph to x and the weights."""
-    seq = x.shape[-2]
-    q, k, v = (_split(F.linear(x, weights[name]), _HEADS, "right") for name in ("q_proj", "k_proj", "v_proj"))
-    positions = torch.arange(seq).unsqueeze(-2)
-    q, k = _rotate(q, positions, _THETA), _rotate(k, positions, _THETA)
-    return F.linear(_merge(_SDPA(q, k, v, is_causal=True), "right"), weights["output_proj"])
+    return reference.multihead_self_attention(x, {f"{name}.weight": w for name, w in weights.items()}, _HEADS, _THETA)
 
 
 def _check_fused(impl: Any, gen: torch.Generator) -> None:
@@ -396,7 +409,9 @@ def check_multihead_self_attention(impl: Callable[..., Any]) -> None:
         * scores scaled by 1/√d_model instead of 1/√d_k;
         * RoPE applied to V too; RoPE applied before splitting the heads (d_k = d_model, a different rotation per
           head); RoPE missing, or on Q or K only;
-        * token_positions ignored; token_positions without a head axis (positions lined up with the heads);
+        * token_positions ignored; token_positions without a head axis (positions lined up with the heads); the
+          default positions shifted by one (1 … seq: seen on a full-length sequence, where the last one falls off
+          RoPE's table; everywhere else a uniform shift changes no score);
         * output_proj missing, or not applied; one fused qkv projection; projections that are one shared Linear;
           nn.MultiheadAttention inside;
         * wrong parameter names or shapes, a bias, RoPE tables saved in the state dict;
@@ -412,6 +427,7 @@ def check_multihead_self_attention(impl: Callable[..., Any]) -> None:
         _check_with_rope(impl, gen)
         _check_gradients(impl, gen)
         _check_fused(impl, gen)
+        _check_full_length(impl, gen)
     passed(f"check_multihead_self_attention: q/k/v/output_proj, no bias; matches F.linear + "
            "F.scaled_dot_product_attention(is_causal=True) with known weights (4 leading shapes, float32/64), "
            "with RoPE on Q and K (default, uneven and shared positions); gradients"

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._harness import (BuiltinSpy, call, check_device_and_dtype, check_parameters, check_signature, close, describe, fail,
+from .. import reference
+from ._harness import (BuiltinSpy, check_initialised, refuse_builtins, call, check_device_and_dtype, check_parameters, check_signature, close, describe, fail,
                        generator, passed)
 
 NAME = "RMSNorm"
@@ -53,6 +54,10 @@ WRONG_FORMULAS: list[tuple[str, str, _Variant]] = [
     ("forward divides by the standard deviation (x.std / x.var), not by the root mean square",
      "RMS(x) = sqrt(mean(x²) + eps): square, average over dim=-1, add eps, take the root",
      lambda x, g, eps: x / torch.sqrt(x.var(dim=-1, keepdim=True) + eps) * g),
+    ("forward divides by the standard deviation (the root of the centred variance, x.var(unbiased=False)), not by "
+     "the root mean square",
+     "RMS(x) = sqrt(mean(x²) + eps): square x itself (not x minus its mean), average over dim=-1, add eps, take the root",
+     lambda x, g, eps: x / torch.sqrt(x.var(dim=-1, unbiased=False, keepdim=True) + eps) * g),
     ("the square root is missing, forward divides by mean(x²) + eps instead of its root",
      "divide by torch.sqrt(mean(x²) + eps) (or multiply by torch.rsqrt(...))",
      lambda x, g, eps: x / (_ms(x) + eps) * g),
@@ -66,7 +71,7 @@ WRONG_FORMULAS: list[tuple[str, str, _Variant]] = [
 
 
 def _reference(x: Tensor, gain: Tensor, eps: float) -> Tensor:
-    return F.rms_norm(x, x.shape[-1:], gain, eps=eps)
+    return reference.rms_norm(x, gain, eps)
 
 
 def _max_error(actual: Tensor, expected: Tensor) -> str:
@@ -143,15 +148,17 @@ def _check_construction(impl: Any) -> None:
         fail(f"{NAME} has no learnable gain (no nn.Parameter)",
              "in __init__ create self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))")
     check_parameters(module, {"weight": (8,)}, NAME)
+    check_initialised(NAME, lambda: impl(8), "initialise the gain to ones: nn.init.ones_(self.weight) (or create it "
+                      "with torch.ones), so a new layer only normalises")
     weight = module.weight.detach().double()
     if not torch.equal(weight, torch.ones(8, dtype=torch.float64)):
         values = ", ".join(f"{v:.3g}" for v in weight.tolist())
         if torch.equal(weight, torch.zeros(8, dtype=torch.float64)):
-            mistake = f"{NAME}.weight is initialised to zeros (or left as torch.empty), so every output would be 0"
+            mistake = f"{NAME}.weight is initialised to zeros, so every output would be 0"
         elif weight.unique().numel() == 1:
             mistake = f"{NAME}.weight is initialised to {weight[0].item():g}, not to ones"
         else:
-            mistake = f"{NAME}.weight is initialised to random values (or left as torch.empty), not to ones"
+            mistake = f"{NAME}.weight is initialised to random values, not to ones"
         fail(mistake, "initialise the gain to ones (torch.ones or nn.init.ones_), so a new layer only normalises",
              f"weight = ({values})")
     if callable(getattr(module, "reset_parameters", None)):  # optional in the course, but if it is there, it works
@@ -170,10 +177,8 @@ def _check_no_builtin(impl: Any) -> None:
     x = torch.randn(3, 8, generator=generator(1))
     with BuiltinSpy(_BUILTINS) as spy:
         _forward(module, x)
-    if spy.used:
-        fail(f"{NAME}.forward calls PyTorch's own {spy.used[0]}",
-             "write the formula yourself (square, mean over dim=-1, add eps, root, divide, times the gain); "
-             "F.rms_norm is the reference the check compares with")
+    refuse_builtins(f"{NAME}.forward", spy, "write the formula yourself (square, mean over dim=-1, add eps, root, "
+                    "divide, times the gain); F.rms_norm is the reference the check compares with")
 
 
 def _check_float32(impl: Any) -> None:

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from .. import reference
 from ._harness import call, check_signature, close, describe, fail, generator, passed
 
 _NAME = "RotaryPositionalEmbedding"
@@ -38,11 +39,8 @@ def _angles(positions: Tensor, d_k: int, theta: float, exponent=_right_exponent)
 
 
 def _rotate_complex(x: Tensor, angles: Tensor) -> Tensor:
-    """Pair k = (x[2k], x[2k+1]) read as the complex number x[2k] + i·x[2k+1], times e^{i·angle}."""
-    x = x.detach().cpu().double()
-    pairs = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous())
-    rotated = pairs * torch.polar(torch.ones_like(angles), angles)
-    return torch.view_as_real(rotated).reshape(x.shape)
+    """Pair k = (x[2k], x[2k+1]) read as the complex number x[2k] + i·x[2k+1], times e^{i·angle} (float64, CPU)."""
+    return reference.rotate_by(x.detach().cpu().double(), angles.cpu())
 
 
 def _reference(x: Tensor, positions: Tensor, theta: float) -> Tensor:
@@ -56,6 +54,14 @@ def _half_split(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     out = torch.empty(x.shape, dtype=torch.float64)
     out[..., to_interleaved] = _reference(x[..., to_interleaved], positions, theta)
     return out
+
+
+def _rotate_half_with_interleaved_tables(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """Hugging Face's x·cos + rotate_half(x)·sin, with cos and sin repeated for interleaved pairs: two layouts mixed."""
+    x = x.detach().cpu().double()
+    angles = _angles(positions.cpu(), x.shape[-1], theta).repeat_interleave(2, dim=-1)
+    first, second = x.chunk(2, dim=-1)
+    return x * angles.cos() + torch.cat((-second, first), dim=-1) * angles.sin()
 
 
 def _written_back_half_split(x: Tensor, positions: Tensor, theta: float) -> Tensor:
@@ -80,6 +86,14 @@ def _positions_ignored(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     return _reference(x, torch.arange(x.shape[-2]).expand(positions.shape), theta)
 
 
+def _positions_plus_one(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    return _reference(x, positions + 1, theta)
+
+
+def _positions_minus_one(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    return _reference(x, positions - 1, theta)
+
+
 def _theta_ignored(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     return _reference(x, positions, 10000.0)
 
@@ -89,6 +103,11 @@ _VARIANTS: list[tuple[Variant, str, str]] = [
                   f"the interleaved pairs {_PAIRS} the course fixes",
      "take x[..., 0::2] and x[..., 1::2] as the two members of each pair (or rearrange "
      "'... (half two) -> ... half two', two=2), and write the result back interleaved"),
+    (_rotate_half_with_interleaved_tables,
+     "it mixes two layouts: Hugging Face's rotate_half pairs x[k] with x[k + d_k/2], while cos and sin are repeated for "
+     "the interleaved pairs (x[2k], x[2k+1]), so the two members of a pair turn by different angles",
+     "use the course's layout throughout: x_even, x_odd = x[..., 0::2], x[..., 1::2] with one cos and one sin per "
+     "pair, and write the rotated pairs back at 2k and 2k+1"),
     (_written_back_half_split, "the rotated pairs are written back half-split (all the first members, then all the "
                                "second members, as torch.cat does) instead of interleaved",
      "put each rotated pair back at 2k and 2k+1: torch.stack((even, odd), dim=-1).flatten(-2) "
@@ -103,6 +122,14 @@ _VARIANTS: list[tuple[Variant, str, str]] = [
      "divide by theta^(2k/d_k): 1.0 / theta ** (torch.arange(0, d_k, 2) / d_k)"),
     (_positions_ignored, "it ignores token_positions and rotates the tokens by 0, 1, 2, … (their index in x)",
      "look the angles up at the given positions: self.cos_table[token_positions], not torch.arange(seq)"),
+    (_positions_plus_one, "the positions are shifted by one: the token at position i is rotated by the angles of "
+                          "position i + 1 (a table built from torch.arange(1, max_seq_len + 1), or positions + 1)",
+     "row i of the tables holds position i's angles, from torch.arange(max_seq_len) = 0, 1, …; look them up with "
+     "token_positions as they are"),
+    (_positions_minus_one, "the positions are shifted by one: the token at position i is rotated by the angles of "
+                           "position i - 1",
+     "row i of the tables holds position i's angles, from torch.arange(max_seq_len) = 0, 1, …; look them up with "
+     "token_positions as they are"),
     (_theta_ignored, "it ignores theta and always uses 10000",
      "build the frequencies from the theta passed to __init__"),
 ]
@@ -147,6 +174,9 @@ def _compare(rope: nn.Module, x: Tensor, positions: Tensor, theta: float) -> Ten
         wrong = variant(x, positions, theta)
         if not close(wrong, expected, **_TOLERANCE) and close(out.double(), wrong, **_TOLERANCE):
             fail(mistake, fix, f"on {_shapes(x, positions)}, theta={theta}: your output matches that variant")
+    if _keeps_half_split_pair_lengths(out, x):
+        fail(_VARIANTS[0][1], _VARIANTS[0][2], f"on {_shapes(x, positions)}: each pair (x[k], x[k + d_k/2]) keeps its "
+             "length, as a rotation of that pair would, but the pairs (x[2k], x[2k+1]) do not")
     if close(out.double(), x.double(), **_TOLERANCE):
         fail("it returns x unchanged (nothing is rotated)",
              "rotate each pair (x[2k], x[2k+1]) by the angle i / theta^(2k/d_k) of its token's position i")
@@ -155,6 +185,47 @@ def _compare(rope: nn.Module, x: Tensor, positions: Tensor, theta: float) -> Ten
          f"rotate each pair {_PAIRS} of the token at position i by i / theta^(2k/d_k), k = 0 … d_k/2 - 1",
          f"first token, expected {[round(v, 4) for v in expected.reshape(-1, x.shape[-1])[0].tolist()]}, "
          f"yours {[round(v, 4) for v in out.detach().reshape(-1, x.shape[-1])[0].double().tolist()]}")
+
+
+def _pair_lengths(t: Tensor, half_split: bool) -> Tensor:
+    t = t.detach().double().cpu()
+    d = t.shape[-1]
+    first, second = (t[..., : d // 2], t[..., d // 2:]) if half_split else (t[..., 0::2], t[..., 1::2])
+    return torch.hypot(first, second)
+
+
+def _keeps_half_split_pair_lengths(out: Tensor, x: Tensor) -> bool:
+    """Whether ``out`` rotates the half-split pairs (x[k], x[k + d_k/2]), whatever the angles: a rotation keeps the
+    length of every pair it rotates, and only of those."""
+    if out.shape != x.shape or not torch.isfinite(out.detach()).all():
+        return False
+    keeps = close(_pair_lengths(out, True), _pair_lengths(x, True), **_TOLERANCE)
+    return keeps and not close(_pair_lengths(out, False), _pair_lengths(x, False), **_TOLERANCE)
+
+
+def _check_float64_angles(impl: type, gen: torch.Generator) -> None:
+    """Positions far into a long table: the angles must be computed in float64 (in float32 they are ~1e-4 rad off)."""
+    max_seq_len, d_k = 8192, 16
+    rope = _build(impl, d_k=d_k, max_seq_len=max_seq_len)
+    positions = torch.tensor([0, 1, 2047, 4096, 8000, 8191])
+    x = torch.randn(positions.shape[0], d_k, generator=gen, dtype=torch.float64)
+    out = _run(rope, x, positions).double()
+    expected = _reference(x, positions, _THETA)
+    precise = {"rtol": 2e-5, "atol": 2e-5}  # float32 tables of float64 angles: a few 1e-7
+    if close(out, expected, **precise):
+        return
+    k = torch.arange(0, d_k, 2, dtype=torch.float32)
+    angles32 = positions.float()[:, None] * _THETA ** (-k / d_k)  # every step in float32
+    if close(out, _rotate_complex(x, angles32.double()), rtol=1e-5, atol=1e-5):
+        error = (angles32.double() - reference.rope_angles(positions, d_k, _THETA)).abs().max().item()
+        fail(f"the angles are computed in float32: at position 8000 they are off by up to {error:.1g} rad, and so is "
+             "every rotation there", "compute the frequencies and the angles in float64 (torch.arange(..., "
+             "dtype=torch.float64)), take cos and sin, and only then store the tables in float32",
+             f"max_seq_len={max_seq_len}, positions {positions.tolist()}")
+    diff = (out - expected).abs().max().item()
+    fail(f"the output differs from the rotation by up to {diff:.3g} at positions up to {max_seq_len - 1} "
+         f"(max_seq_len={max_seq_len})", "compute the angles in float64 and store cos and sin as float32 tables",
+         f"positions {positions.tolist()}")
 
 
 def _check_structure(impl: type) -> nn.Module:
@@ -249,11 +320,15 @@ def check_rope(impl: type) -> None:
     reaching x; bfloat16 and float16 inputs. Inputs come from a fixed seed on the CPU.
 
     Mistakes it recognises:
-        * half-split pairs (x[k], x[k + d_k/2]) (Hugging Face's rotate_half) instead of interleaved pairs;
+        * half-split pairs (x[k], x[k + d_k/2]) (Hugging Face's rotate_half, notebook 06's first pitfall) instead of
+          interleaved pairs, with any angles (recognised by the pairs whose lengths the output keeps);
         * rotated pairs written back half-split (torch.cat of evens and odds) instead of interleaved;
         * rotating in the wrong direction (the sign of sin flipped);
         * frequencies with the exponent k/d_k instead of 2k/d_k, or theta^(+2k/d_k) instead of theta^(-2k/d_k);
-        * token_positions ignored (torch.arange(seq) used instead); theta ignored (10000 hard-coded);
+        * token_positions ignored (torch.arange(seq) used instead); the positions shifted by one (a table from
+          torch.arange(1, …), or positions ± 1); theta ignored (10000 hard-coded);
+        * the angles computed in float32 (about 1e-4 rad off at position 8000): checked at positions up to 8191;
+        * Hugging Face's rotate_half combined with cos/sin tables repeated for interleaved pairs (two layouts mixed);
         * x returned unchanged;
         * learnable parameters (nn.Parameter tables); persistent buffers (the tables in the state dict);
           tables kept as plain tensor attributes (they do not follow .to(device)); the device argument ignored;
@@ -279,6 +354,7 @@ def check_rope(impl: type) -> None:
     # Another theta and another d_k, and every position up to max_seq_len - 1.
     _compare(_build(impl, 500.0, 8, 32), torch.randn(2, 5, 8, generator=gen), torch.tensor([3, 1, 4, 30, 9]), 500.0)
     _check_every_position(impl, gen)
+    _check_float64_angles(impl, gen)
     _check_gradients(rope, gen)
     _check_half(rope, gen)
     passed(f"check_rope: {_NAME} matches an independent complex rotation (torch.polar): interleaved pairs, "

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
-from ._harness import call, check_signature, close, describe, fail, generator, passed
+from ._harness import call, call_without_builtins, check_signature, close, describe, fail, generator, passed
 
 Softmax = Callable[[torch.Tensor, int], torch.Tensor]
 NEG_INF = float("-inf")
@@ -16,11 +15,12 @@ HALF = (torch.float16, torch.bfloat16)
 # The built-ins a softmax exercise must not call, patched to fail while the learner's code runs.
 # nn.Softmax goes through F.softmax, and F.softmax through Tensor.softmax, so those are caught under any name;
 # torch.softmax imported under another name is caught by the autograd graph instead (_check_gradients).
-_BUILTINS = [(torch, "softmax", "torch.softmax"), (torch, "log_softmax", "torch.log_softmax"),
-             (F, "softmax", "F.softmax"), (F, "log_softmax", "F.log_softmax"),
-             (torch.special, "softmax", "torch.special.softmax"),
-             (torch.special, "log_softmax", "torch.special.log_softmax"),
-             (torch.Tensor, "softmax", "x.softmax"), (torch.Tensor, "log_softmax", "x.log_softmax")]
+# The built-in softmaxes, under the names a learner reaches them by (an alias is the same function, so it is seen too).
+_BUILTINS = {torch.softmax: "torch.softmax", torch.log_softmax: "torch.log_softmax", F.softmax: "F.softmax",
+             F.log_softmax: "F.log_softmax", torch.special.softmax: "torch.special.softmax",
+             torch.special.log_softmax: "torch.special.log_softmax", torch.Tensor.softmax: "x.softmax",
+             torch.Tensor.log_softmax: "x.log_softmax"}
+_BUILTIN_FIX = "compute it yourself from a max, torch.exp and a sum (the built-in is only the checks' reference)"
 
 
 def check_softmax(impl: Softmax) -> None:
@@ -58,30 +58,6 @@ def check_softmax(impl: Softmax) -> None:
 # ---------------------------------------------------------------------------------------------- running it
 
 
-@contextmanager
-def _builtins_forbidden() -> Iterator[None]:
-    """While the learner's softmax runs, the built-in softmaxes fail with a verdict; always restored."""
-    saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in _BUILTINS if hasattr(owner, name)]
-
-    def forbidden(label: str) -> Callable[..., Any]:
-        def refuse(*args: Any, **kwargs: Any) -> None:
-            fail(f"softmax calls {label}, the built-in it is meant to replace",
-                 "compute it yourself from a max, torch.exp and a sum (the built-in is only the checks' reference)")
-        return refuse
-
-    try:
-        for owner, name, label in _BUILTINS:
-            if hasattr(owner, name):
-                setattr(owner, name, forbidden(label))
-        yield
-    finally:
-        for owner, name, original in saved:
-            if original is None:  # inherited (Tensor.softmax lives on TensorBase): remove our shadow
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
-
-
 def _diagnosing_crashes(impl: Softmax) -> Softmax:
     """``impl``, with the crashes that have a classic cause turned into that diagnosis."""
     def run(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -112,8 +88,7 @@ def _name(x: torch.Tensor, dim: int) -> str:
 def _run(impl: Softmax, x: torch.Tensor, dim: int) -> torch.Tensor:
     """The learner's ``softmax(x, dim)``: called safely, the built-ins forbidden, the input watched."""
     before = x.detach().clone()
-    with _builtins_forbidden():
-        out = call(_name(x, dim), _diagnosing_crashes(impl), x, dim)
+    out = call_without_builtins(_name(x, dim), _BUILTINS, _BUILTIN_FIX, _diagnosing_crashes(impl), x, dim)
     if not torch.equal(x.detach(), before):
         fail("softmax modifies its input x in place (x -= ..., x.exp_(), x.sub_(...))",
              "write each step to a new tensor (shifted = x - m), so the caller's scores stay as they were")
@@ -336,8 +311,8 @@ def _check_gradients(impl: Softmax, g: torch.Generator) -> None:
         theirs = base.clone().requires_grad_(True)
         out = _run(impl, ours, dim)
         if out.grad_fn is not None and _BUILTIN_NODES & _graph(out.grad_fn):
-            fail("softmax calls PyTorch's built-in softmax (under another name: its backward is in the graph)",
-                 "compute it yourself from a max, torch.exp and a sum (the built-in is only the checks' reference)")
+            fail("softmax calls PyTorch's built-in softmax (through a route the check cannot see by name: its "
+                 "backward is in the graph)", _BUILTIN_FIX)
         if out.grad_fn is None:
             fail("softmax's output is cut off from autograd (it has no grad_fn), so no gradient reaches the scores",
                  "build it from torch operations, without torch.no_grad(), .detach() on the result, .data, .item() "

@@ -1,7 +1,8 @@
 """``check_transformer_block``: the learner's ``TransformerBlock`` (notebook 09), loaded with known weights by the
-course's state-dict names, against a pre-norm block written here from PyTorch built-ins (``F.rms_norm``,
-``F.linear``, ``F.silu``, ``F.scaled_dot_product_attention(is_causal=True)``, RoPE as a complex product):
-independent of the package's own components."""
+course's state-dict names, against a pre-norm block built from the course's reference
+(``transformer_from_scratch.reference``: ``F.rms_norm``, ``F.linear``, ``F.silu``,
+``F.scaled_dot_product_attention(is_causal=True)``, RoPE as a complex product), independent of the package's own
+components. The classic mistakes are the same block with one knob turned (``_block``)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import reference
 from ._harness import (BuiltinSpy, call, check_device_and_dtype, check_gradients, check_parameters, check_signature,
                        close, describe, fail, generator, passed)
 
 _NAME = "TransformerBlock"
 _SIGNATURE = ["d_model", "num_heads", "d_ff", "max_seq_len", "theta", "device", "dtype"]
-_SDPA = F.scaled_dot_product_attention  # saved at import, so the reference is never a patched one
-_RMS_NORM = F.rms_norm
+_SDPA, _RMS_NORM = reference.SDPA, reference.RMS_NORM  # saved at import: the reference is never a patched one
 # d_model 12 in 3 heads of 4, SwiGLU width 16, 5 tokens: every size differs, so a mixed-up axis cannot go unnoticed.
 _D, _HEADS, _DFF, _SEQ, _MAX_SEQ_LEN, _THETA = 12, 3, 16, 5, 16, 10000.0
 _CONFIG = (_D, _HEADS, _DFF, _MAX_SEQ_LEN, _THETA)
@@ -35,25 +36,10 @@ _EPS = 1e-5
 # The reference and its classic wrong variants (float64 on the CPU, PyTorch built-ins only)
 # ---------------------------------------------------------------------------------------------------------
 
-def _rotate(x: Tensor, positions: Tensor, theta: float) -> Tensor:
-    """RoPE as a complex product: the pair (x[2k], x[2k+1]) is x[2k] + i·x[2k+1], times e^{i·position·θ^(-2k/d)}."""
-    d = x.shape[-1]
-    frequencies = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = positions.to(torch.float64)[..., None] * frequencies  # (..., seq, d/2)
-    pairs = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())
-    return torch.view_as_real(pairs * torch.polar(torch.ones_like(angles), angles)).flatten(-2)
-
-
 def _attention(t: Tensor, w: dict[str, Tensor], positions: Tensor | None, causal: bool, rope: bool) -> Tensor:
-    """Multi-head self-attention from F.linear and F.scaled_dot_product_attention, RoPE on the queries and keys."""
-    *lead, seq, d = t.shape
-    q, k, v = (F.linear(t, w[f"attn.{name}.weight"]).reshape(*lead, seq, _HEADS, d // _HEADS).transpose(-3, -2)
-               for name in ("q_proj", "k_proj", "v_proj"))
-    if rope:
-        where = (torch.arange(seq) if positions is None else positions).unsqueeze(-2)  # a head axis
-        q, k = _rotate(q, where, _THETA), _rotate(k, where, _THETA)
-    heads = _SDPA(q, k, v, is_causal=causal)
-    return F.linear(heads.transpose(-3, -2).reshape(*lead, seq, d), w["attn.output_proj.weight"])
+    """Multi-head self-attention from the course's reference, RoPE on the queries and keys."""
+    weights = {name[len("attn."):]: weight for name, weight in w.items() if name.startswith("attn.")}
+    return reference.multihead_self_attention(t, weights, _HEADS, _THETA if rope else None, positions, causal=causal)
 
 
 def _block(x: Tensor, w: dict[str, Tensor], positions: Tensor | None = None, *, wiring: str = "pre",
@@ -71,7 +57,7 @@ def _block(x: Tensor, w: dict[str, Tensor], positions: Tensor | None = None, *, 
         return _attention(t, w, positions, causal, rope)
 
     def ffn(t: Tensor) -> Tensor:
-        return F.linear(F.silu(F.linear(t, w["ffn.w1.weight"])) * F.linear(t, w["ffn.w3.weight"]), w["ffn.w2.weight"])
+        return reference.swiglu(t, w["ffn.w1.weight"], w["ffn.w2.weight"], w["ffn.w3.weight"])
 
     ln1, ln2 = norm(0), norm(1)
     if wiring == "post":
@@ -246,7 +232,7 @@ _TORCH_MODULES = {nn.TransformerEncoderLayer: "torch.nn.TransformerEncoderLayer"
 
 
 def _check_structure(impl: Any) -> None:
-    """Signature; the four submodules with the SPEC's names, each its own; parameters exactly SPEC's state dict."""
+    """Signature; the four submodules with the contract's names, each its own; parameters exactly the contract's state dict."""
     if isinstance(impl, nn.Module):
         fail(f"check_transformer_block got a {type(impl).__name__} object, not the class",
              f"pass the class itself: check_transformer_block({type(impl).__name__})")
@@ -358,7 +344,7 @@ def check_transformer_block(impl: Callable[..., Any]) -> None:
     """Check the learner's ``TransformerBlock`` class; print one line if right, else raise ``AssertionError``.
 
     Checked: the signature ``(d_model, num_heads, d_ff, max_seq_len, theta, device=None, dtype=None)``; the parameters
-    exactly SPEC.md's ``ln1.weight``, ``attn.{q,k,v,output}_proj.weight``, ``ln2.weight``, ``ffn.{w1,w2,w3}.weight``
+    exactly the contract's (CONTRACT.md) ``ln1.weight``, ``attn.{q,k,v,output}_proj.weight``, ``ln2.weight``, ``ffn.{w1,w2,w3}.weight``
     (no bias, nothing else saved), ``ln1`` and ``ln2`` two separate modules; the gains start at ones and the
     projections as Linear starts them; ``device`` and ``dtype`` honoured (RoPE's tables too); then, with known weights
     loaded through ``load_state_dict(strict=True)`` (gains that differ between ln1 and ln2), the output against a
@@ -391,7 +377,7 @@ def check_transformer_block(impl: Callable[..., Any]) -> None:
         _check_gradients(impl, gen)
         _check_fused(impl, gen)
     fused = "fused" in inspect.signature(impl.__init__).parameters
-    passed("check_transformer_block: ln1/attn/ln2/ffn with SPEC's state-dict names; pre-norm, y = x + attn(ln1(x)), "
+    passed("check_transformer_block: ln1/attn/ln2/ffn with the course's state-dict names; pre-norm, y = x + attn(ln1(x)), "
            "out = y + ffn(ln2(y)), matches F.rms_norm + F.linear + F.silu + F.scaled_dot_product_attention"
            "(is_causal=True) with known weights (3 leading shapes, float32/64, token positions); gradients"
            + ("; fused=True" if fused else ""))

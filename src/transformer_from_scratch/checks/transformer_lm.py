@@ -1,7 +1,8 @@
 """``check_transformer_lm``: the learner's ``TransformerLM`` (notebook 10), loaded with known weights by the course's
-state-dict names, against a reference written here from PyTorch built-ins (``F.embedding``, ``F.rms_norm``,
-``F.linear``, ``F.scaled_dot_product_attention(is_causal=True)``, ``F.silu``, RoPE as a complex product): independent
-of the package's own components."""
+state-dict names, against the course's reference (``transformer_from_scratch.reference``: ``F.embedding``,
+``F.rms_norm``, ``F.linear``, ``F.scaled_dot_product_attention(is_causal=True)``, ``F.silu``, RoPE as a complex
+product), independent of the package's own components. The classic mistakes are the same model with one knob turned
+(``_lm``), built from the reference's blocks."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._harness import (call, check_device_and_dtype, check_parameters, check_signature, close, describe, fail,
+from .. import reference
+from ._harness import (BuiltinSpy, call, check_device_and_dtype, check_parameters, check_signature, close, describe, fail,
                        generator, passed)
 
 _NAME = "TransformerLM"
 _SIGNATURE = ["vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "device",
               "dtype"]
-_SDPA = F.scaled_dot_product_attention  # saved at import, so the reference is never a patched one
 # A vocabulary of 11 ids, 8 positions, d_model 12 in 3 heads of 4, SwiGLU width 16, 2 layers: every size differs,
 # so a transposed weight or a mixed-up axis cannot go unnoticed.
 _V, _CTX, _D, _L, _H, _DFF, _THETA = 11, 8, 12, 2, 3, 16, 10000.0
@@ -36,7 +37,7 @@ _ALIASES = {"layers": ("blocks", "h", "transformer_blocks", "decoder_layers", "b
 
 
 def _expected_shapes(vocab: int = _V, d: int = _D, layers: int = _L, d_ff: int = _DFF) -> dict[str, tuple[int, ...]]:
-    """Every name of the state dict (SPEC.md), with its shape."""
+    """Every name of the state dict (CONTRACT.md), with its shape."""
     sizes = {"d": (d,), "dd": (d, d), "fd": (d_ff, d), "df": (d, d_ff)}
     shapes = {"token_embeddings.weight": (vocab, d)}
     for i in range(layers):
@@ -49,30 +50,11 @@ def _expected_shapes(vocab: int = _V, d: int = _D, layers: int = _L, d_ff: int =
 # The reference and its classic wrong variants (float64 on the CPU, PyTorch built-ins only)
 # ---------------------------------------------------------------------------------------------------------
 
-def _rotate(x: Tensor, positions: Tensor) -> Tensor:
-    """RoPE: the pair (x[2k], x[2k+1]) as x[2k] + i·x[2k+1], times e^{i·position·Θ^(-2k/d)}."""
-    d = x.shape[-1]
-    frequencies = _THETA ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = positions.to(torch.float64)[..., None] * frequencies
-    pairs = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())
-    return torch.view_as_real(pairs * torch.polar(torch.ones_like(angles), angles)).flatten(-2)
-
-
-def _attention(x: Tensor, w: dict[str, Tensor], prefix: str, positions: Tensor, causal: bool) -> Tensor:
-    *lead, seq, d = x.shape
-    q, k, v = (F.linear(x, w[f"{prefix}attn.{name}_proj.weight"]).reshape(*lead, seq, _H, d // _H).transpose(-3, -2)
-               for name in "qkv")
-    q, k = _rotate(q, positions.unsqueeze(-2)), _rotate(k, positions.unsqueeze(-2))
-    out = _SDPA(q, k, v, is_causal=causal).transpose(-3, -2).reshape(*lead, seq, d)
-    return F.linear(out, w[f"{prefix}attn.output_proj.weight"])
-
-
 def _block(x: Tensor, w: dict[str, Tensor], i: int, positions: Tensor, causal: bool) -> Tensor:
-    p = f"layers.{i}."
-    y = x + _attention(F.rms_norm(x, (x.shape[-1],), w[p + "ln1.weight"], eps=1e-5), w, p, positions, causal)
-    h = F.rms_norm(y, (y.shape[-1],), w[p + "ln2.weight"], eps=1e-5)
-    return y + F.linear(F.silu(F.linear(h, w[p + "ffn.w1.weight"])) * F.linear(h, w[p + "ffn.w3.weight"]),
-                        w[p + "ffn.w2.weight"])
+    """Block i of the reference (the course's ``reference.transformer_block``), with or without its causal mask."""
+    prefix = f"layers.{i}."
+    weights = {name[len(prefix):]: weight for name, weight in w.items() if name.startswith(prefix)}
+    return reference.transformer_block(x, weights, _H, _THETA, positions, causal=causal)
 
 
 def _lm(ids: Tensor, w: dict[str, Tensor], positions: Tensor | None = None, *, causal: bool = True,
@@ -86,7 +68,7 @@ def _lm(ids: Tensor, w: dict[str, Tensor], positions: Tensor | None = None, *, c
         out = _block(embedded if chain == "embeddings" else x, w, i, positions, causal)
         x = {"right": out, "embeddings": out, "discarded": x, "residual twice": x + out}[chain]
     if ln_final:
-        x = F.rms_norm(x, (x.shape[-1],), w["ln_final.weight"], eps=1e-5)
+        x = reference.rms_norm(x, w["ln_final.weight"])
     logits = F.linear(x, w["lm_head.weight"])
     return {"logits": logits, "softmax": logits.softmax(-1), "log_softmax": logits.log_softmax(-1)}[output]
 
@@ -155,7 +137,16 @@ def _takes_positions(module: nn.Module) -> bool:
 
 
 def _forward(module: nn.Module, ids: Tensor, positions: Tensor | None, what: str, dtype: torch.dtype) -> Tensor:
-    out = call(what, module, ids) if positions is None else call(what, module, ids, positions)
+    try:
+        out = call(what, module, ids) if positions is None else call(what, module, ids, positions)
+    except AssertionError as error:
+        cause = str(error.__cause__ or "")
+        if f"got values from 1 to {ids.shape[-1]}" in cause:
+            fail("the default positions are shifted by one (1 … seq instead of 0 … seq - 1): the last token of a "
+                 "full-length sequence falls off the end of RoPE's table",
+                 "default token_positions to torch.arange(seq) (positions start at 0), and pass them on unchanged",
+                 f"{what}: {cause.splitlines()[0]}")
+        raise
     if not isinstance(out, Tensor):
         fail(f"{what} returned {describe(out)}, not a tensor", "return the logits, self.lm_head(self.ln_final(x))")
     expected = (*ids.shape, _V)
@@ -220,7 +211,7 @@ def _named_alias(module: nn.Module, name: str) -> str | None:
 
 
 def _check_structure(impl: Any) -> None:
-    """The signature; layers a registered ModuleList of distinct blocks; the SPEC's names and shapes, nothing else."""
+    """The signature; layers a registered ModuleList of distinct blocks; the contract's names and shapes, nothing else."""
     if isinstance(impl, nn.Module):
         fail(f"check_transformer_lm got a {type(impl).__name__} object, not the class",
              f"pass the class itself: check_transformer_lm({type(impl).__name__})")
@@ -242,7 +233,7 @@ def _check_structure(impl: Any) -> None:
                 fail(f"{_NAME} has no ln_final: the last block's output must be normalised before lm_head",
                      "add self.ln_final = RMSNorm(d_model, device=device, dtype=dtype) and apply it before lm_head")
             fail(f"{_NAME} has no submodule `{name}` (its submodules are {sorted(children)})",
-                 f"create self.{name} as SPEC.md describes: token_embeddings -> layers -> ln_final -> lm_head")
+                 f"create self.{name} as CONTRACT.md describes: token_embeddings -> layers -> ln_final -> lm_head")
     if not isinstance(layers, nn.ModuleList):
         fail(f"{_NAME}.layers is a {type(layers).__name__}, not an nn.ModuleList",
              "self.layers = nn.ModuleList(TransformerBlock(...) for _ in range(num_layers))")
@@ -337,7 +328,11 @@ def _check_fused(impl: Any, gen: torch.Generator) -> None:
     module = _make(impl, *_CONFIG, dtype=torch.float64, fused=True)
     _load(module, weights, torch.float64)
     ids = _ids(gen, 2, 6)
-    out = call(f"{_NAME}(..., fused=True) on token ids of shape (2, 6)", module, ids)
+    with BuiltinSpy({reference.SDPA: "F.scaled_dot_product_attention"}) as spy:
+        out = call(f"{_NAME}(..., fused=True) on token ids of shape (2, 6)", module, ids)
+    if not spy.used:
+        fail(f"{_NAME}(..., fused=True) does not pass fused on to its blocks: they attend with the from-scratch path",
+             "build every block with TransformerBlock(..., fused=fused), which passes it on to its attention")
     if not close(out, _lm(ids, weights), rtol=1e-6, atol=1e-6):
         fail(f"{_NAME}(..., fused=True) differs from the reference, though the default path matches it",
              "pass fused on to every block; it may change only how attention is computed")
@@ -348,7 +343,7 @@ def check_transformer_lm(impl: Callable[..., Any]) -> None:
 
     Checked: the signature ``(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta,
     device=None, dtype=None)``; the submodules ``token_embeddings``, ``layers`` (an ``nn.ModuleList`` of distinct
-    blocks), ``ln_final``, ``lm_head``; the state dict exactly SPEC.md's names and shapes (no bias, nothing else
+    blocks), ``ln_final``, ``lm_head``; the state dict exactly CONTRACT.md's names and shapes (no bias, nothing else
     saved); lm_head not tied to the embeddings; the initialisation of the embeddings and of lm_head; ``device`` and
     ``dtype`` honoured (RoPE's tables too); then, with known weights loaded by name (strict=True), the logits
     against a reference built here from ``F.embedding``, ``F.rms_norm``, ``F.linear``,
@@ -367,7 +362,9 @@ def check_transformer_lm(impl: Callable[..., Any]) -> None:
           the wrong number of blocks;
         * wrong names (blocks, norm, ln_f, wte, head, … instead of the course's), wrong shapes, a bias, extra
           entries in the state dict;
-        * token_positions not passed on to the blocks;
+        * token_positions not passed on to the blocks; the default positions shifted by one (seen on a full-length
+          sequence, where the last one falls off RoPE's table);
+        * fused=True not passed on to the blocks (they never call F.scaled_dot_product_attention);
         * blocks' outputs thrown away (layer(x) without x =); the residual added twice (x = x + layer(x));
           every block reading the embeddings;
         * device/dtype ignored; no gradient (detached computations).

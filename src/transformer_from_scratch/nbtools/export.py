@@ -234,7 +234,7 @@ def _hand_edit_message(notebook: Path, target: Path) -> str:
         "so the export will not overwrite it.\n"
         f"  To keep your edit: copy it into the '{MARKER}' cells of {notebook.name}, then export again with --force.\n"
         f"  To discard your edit: `make export FORCE=1` "
-        f"(or `python -m {PACKAGE}.export --force notebooks/{notebook.name}`); "
+        f"(or `python -m {PACKAGE}.nbtools.export --force notebooks/{notebook.name}`); "
         f"your version is saved as {target.name}.bak first."
     )
 
@@ -275,7 +275,7 @@ def _default_notebooks() -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.nbtools.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks to export (default: all of them)")
     parser.add_argument("--check", action="store_true", help="write nothing; fail if src/ differs from the notebooks")
     parser.add_argument("--force", action="store_true", help="overwrite hand edits (each is kept as <module>.py.bak)")
