@@ -79,11 +79,11 @@ $(NPM_INSTALLED): package.json package-lock.json
 	@touch $@
 
 .PHONY: slides site
-slides: $(STAMP) $(NPM_INSTALLED) ## One reveal.js deck per notebook in build/slides/ (NB=notebooks/05_attention.ipynb for one)
-	$(BIN)/python -m transformer_from_scratch.nbtools.slides $(or $(NB),$(NOTEBOOKS))
+slides: $(STAMP) $(NPM_INSTALLED) ## One reveal.js deck per notebook in build/slides/ (NB=... for one; SOLUTIONS=1: the code in the notes, build/slides-instructor/)
+	$(BIN)/python -m transformer_from_scratch.nbtools.slides $(if $(filter-out 0 no false,$(SOLUTIONS)),--solutions,) $(or $(NB),$(NOTEBOOKS))
 
-site: $(STAMP) $(NPM_INSTALLED) ## The course website in build/site/: README, every notebook with its outputs, student editions
-	$(BIN)/python -m transformer_from_scratch.nbtools.site
+site: $(STAMP) $(NPM_INSTALLED) ## The course website in build/site/ (student edition, decks); SOLUTIONS=1: the instructor's, build/site-instructor/
+	$(BIN)/python -m transformer_from_scratch.nbtools.site $(if $(filter-out 0 no false,$(SOLUTIONS)),--solutions,) $(if $(REPOSITORY),--repository "$(REPOSITORY)",)
 
 clean: ## Remove .venv and caches
 	rm -rf $(VENV) .pytest_cache src/*.egg-info

@@ -1,11 +1,13 @@
-"""The decks and the site, without a browser: the slide structure derived from the notebooks' template,
-the notebooks left untouched, no request to a CDN in the generated HTML, and the site's navigation.
+"""The decks and the site, without a browser: the slide structure derived from the notebooks' template, every
+result kept, no slide ending on a colon, nothing a learner writes on a slide or on the default site, the notebooks
+left untouched, no request to a CDN in the generated HTML, and the site's pages and links.
 (tests/test_browser.py opens them in Chromium.)"""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import html as htmllib
 import io
 import re
 from pathlib import Path
@@ -21,14 +23,54 @@ NOTEBOOKS = web.notebooks()
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
-def _derive(path: Path) -> list:
+def _derive(path: Path, solutions: bool = False) -> list:
     nb = nbformat.read(path, as_version=4)
-    derived, _ = slides.DeriveSlides().preprocess(nb, {"metadata": {"path": str(path.parent)}})
+    nb, _ = web.WidgetNote().preprocess(nb, {})
+    derived, _ = slides.DeriveSlides(solutions=solutions).preprocess(nb, {"metadata": {"path": str(path.parent)}})
     return derived.cells
 
 
 def _slide_type(cell) -> str:
     return cell.metadata["slideshow"]["slide_type"]
+
+
+def _pages(cells) -> list[list]:
+    """The deck's sub-slides: each a list of its cells, speaker notes left out."""
+    pages: list[list] = []
+    for cell in cells:
+        kind = _slide_type(cell)
+        if kind in ("slide", "subslide") or not pages:
+            pages.append([])
+        if kind != "notes":
+            pages[-1].append(cell)
+    return pages
+
+
+def _sections(nb) -> list[str]:
+    """The ## section each cell is in."""
+    section, out = "", []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            found = [line.strip() for line in cell.source.splitlines() if line.startswith("## ")]
+            section = found[-1] if found else section
+        out.append(section)
+    return out
+
+
+def _secret_lines(nb) -> set[str]:
+    """Lines of the solutions that appear nowhere else in the notebook's code (so their presence gives one away)."""
+    solution, other = set(), set()
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        inside = set(web.solution_lines(cell.source))
+        solution |= inside
+        other |= {line.strip() for line in web.stubbed(cell.source).splitlines()}
+    return {line for line in solution - other if len(line) >= 12 and not line.startswith("#")}
+
+
+def _lines(text: str) -> set[str]:
+    return {line.strip() for line in text.splitlines()}
 
 
 @pytest.fixture(scope="module")
@@ -51,35 +93,89 @@ def test_slides_follow_the_notebook_structure(notebook):
     h2 = [line for cell in source.cells if cell.cell_type == "markdown"
           for line in cell.source.splitlines() if line.startswith("## ")]
     starts = [cell.source.splitlines()[0] for cell in cells if _slide_type(cell) == "slide"]
-    assert [line for line in h2 if line not in slides.SKIPPED_SECTIONS] == \
-        [line for line in starts if line.startswith("## ")], "each ## section (but Setup) starts a slide"
+    lecture = [line for line in h2 if line not in slides.SKIPPED_SECTIONS + slides.APPENDIX_SECTIONS]
+    assert [line for line in starts if line.startswith("## ") and slides.APPENDIX_PREFIX not in line] == lecture, \
+        "each ## section (but Setup and the appendix's) starts a slide, in the notebook's order"
+    if any(line in slides.APPENDIX_SECTIONS for line in h2):
+        assert starts[-1].startswith(f"## {slides.APPENDIX_PREFIX}"), "Verify moves to an appendix after the recap"
+        appendix = cells.index(next(c for c in cells if c.source.startswith(f"## {slides.APPENDIX_PREFIX}")))
+        recap = next(i for i, c in enumerate(cells) if c.source.startswith("## Recap"))
+        assert recap < appendix
 
+    shown = [cell for cell in cells if _slide_type(cell) != "notes"]
     h3 = [line for cell in source.cells if cell.cell_type == "markdown"
           for line in cell.source.splitlines() if line.startswith("### ")]
     for line in h3:
-        cell = next(c for c in cells if c.source.startswith(line))
-        before = cells[cells.index(cell) - 1]
-        assert _slide_type(cell) == "subslide" or (_slide_type(before) == "slide" and before.source.startswith("## ")), \
-            f"{line!r} starts a sub-slide (or shares the slide of the ## right above it)"
+        assert any(cell.source.startswith(line) for cell in shown), f"{line!r} is on a slide"
 
-    text = "\n".join(cell.source for cell in cells if _slide_type(cell) != "notes")
+    text = "\n".join(cell.source for cell in shown)
     assert "## Setup" not in text and "%load_ext" not in text, "the Setup section is left out"
-    assert "export_notebook(" not in text and "### BEGIN SOLUTION" not in text
+    assert "export_notebook(" not in text and web.SOLUTION_BEGIN not in text and web.SOLUTION_END not in text
     assert "<details>" not in text, "hints and answers go to the speaker notes"
-    for cell in cells:
+    for cell in shown:
         if cell.cell_type == "code" and not cell.metadata.get("transient", {}).get("remove_source"):
             assert len(cell.source.splitlines()) <= max(slides.CODE_LINES, 40), "no wall of code on a slide"
 
     figures = sum(1 for cell in source.cells if cell.cell_type == "code" for output in cell.outputs
                   if "image/png" in output.get("data", {}))
-    shown = [cell for cell in cells if cell.cell_type == "code" and cell.metadata.get("slides_figure")]
-    assert sum(1 for cell in shown for o in cell.outputs if "image/png" in o.get("data", {})) == figures, \
-        "every figure the notebook stored is on a slide"
-    for cell in shown:
+    with_figures = [cell for cell in cells if cell.cell_type == "code" and cell.metadata.get("slides_figure")]
+    assert sum(1 for cell in with_figures for o in cell.outputs if "image/png" in o.get("data", {})) >= figures, \
+        "every figure the notebook stored is on a slide (a figure cut into rows of panels counts once a row)"
+    for cell in with_figures:
         mode = cell.metadata["slides_figure"]
         assert mode in {"together", "swap", "figure"}
         if mode != "figure":  # its code and its figure come one key press at a time
             assert cell.source.strip() and not cell.metadata.get("transient")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_result_stays(notebook):
+    """A cell whose code is left out keeps its output: every output of the lecture's and the appendix's cells is
+    in the deck (the Setup, the export cell and the exercises' solutions aside)."""
+    nb = nbformat.read(notebook, as_version=4)
+    cells = _derive(notebook)
+    shown: dict[int, list] = {}
+    for cell in cells:
+        if cell.cell_type == "code" and "course_source" in cell.metadata and _slide_type(cell) != "notes":
+            shown.setdefault(cell.metadata["course_source"], []).extend(cell.outputs)
+    dropped = []
+    for index, (cell, section) in enumerate(zip(nb.cells, _sections(nb))):
+        if cell.cell_type != "code" or section in slides.SKIPPED_SECTIONS or section == "## Exercises":
+            continue
+        if "export_notebook(" in cell.source:
+            continue
+        results = [o for o in cell.outputs if o.output_type != "stream" or (o.name == "stdout" and o.text.strip())]
+        if results and not shown.get(index):
+            dropped.append(cell.source.splitlines()[0])
+        pngs = sum(1 for o in cell.outputs if "image/png" in o.get("data", {}))
+        assert sum(1 for o in shown.get(index, []) if "image/png" in o.get("data", {})) >= pngs
+    assert dropped == [], "cells whose results are not in the deck"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_slide_ends_on_a_colon(notebook):
+    for page in _pages(_derive(notebook)):
+        last = page[-1] if page else None
+        assert not (last is not None and last.cell_type == "markdown" and last.source.rstrip().endswith(":")), \
+            f"a slide ends on {last.source.strip()[-80:]!r} with nothing after it"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_solution_on_a_slide(notebook):
+    """What the learners write is never on a slide; with solutions=True it is in the speaker notes only."""
+    nb = nbformat.read(notebook, as_version=4)
+    secret = _secret_lines(nb)
+    for solutions in (False, True):
+        cells = _derive(notebook, solutions)
+        faces = "\n".join(c.source for c in cells if _slide_type(c) != "notes")
+        notes = "\n".join(c.source for c in cells if _slide_type(c) == "notes")
+        notes = "\n".join(re.findall(r"```python\n(.*?)```", notes, re.DOTALL))  # the code in the notes (hints are text)
+        faces, notes = _lines(faces), _lines(notes)
+        assert [line for line in secret if line in faces] == []
+        if solutions:
+            assert all(line in notes for line in secret), "the instructor's decks hold the solutions in the notes"
+        else:
+            assert [line for line in secret if line in notes] == []
 
 
 def test_the_notebook_files_are_only_read(deck_01, page_05):
@@ -94,11 +190,18 @@ def test_the_notebook_files_are_only_read(deck_01, page_05):
         assert hashlib.sha256(path.read_bytes()).hexdigest() == before
 
 
-def _figure_png() -> str:
-    figure = matplotlib.figure.Figure(figsize=(4, 2))
-    figure.add_subplot().plot([0, 1], [1, 0])
+def _figure_png(width: float = 4, height: float = 2, panels: int = 1, **text) -> str:
+    figure = matplotlib.figure.Figure(figsize=(width, height))
+    for k in range(panels):
+        ax = figure.add_subplot(1, panels, k + 1)
+        image = ax.imshow([[0, 1], [1, 0]])
+        figure.colorbar(image, ax=ax, label="weight")
+        ax.set_title(f"panel {k}")
+        ax.set_ylabel("query")
+    if text.get("suptitle"):
+        figure.suptitle(text["suptitle"])
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
+    figure.savefig(buffer, format="png", dpi=100)
     return base64.b64encode(buffer.getvalue()).decode()
 
 
@@ -109,32 +212,54 @@ def test_a_new_notebook_gets_its_deck_for_free(tmp_path):
     widget = nbformat.v4.new_output("display_data", data={
         WIDGET_VIEW: {"model_id": "", "version_major": 2, "version_minor": 0},
         "text/plain": "[controls: width, depth; run the notebook to move them]"})
+    long_code = "\n".join(f"x{i} = {i}" for i in range(20)) + "\nprint(x19)"
+    printed = nbformat.v4.new_output("stream", name="stdout", text="the answer: 19\n")
     nb = nbformat.v4.new_notebook(cells=[
         md("# 11 · Dropout: forget a little\n\nA promise."),
         md("## Setup"), code("import torch"),
-        md("## Why dropout?\n\nBecause.\n\n### A second idea\n\nMore."),
+        md("## Why dropout?\n\nBecause.\n\n### A second idea\n\nMore. The cell after it checks your answer."),
+        md("Here is the result of a long computation:"), code(long_code, outputs=[printed]),
         md("## See it"), code("plot()", outputs=[figure]), code("interactive_figure(draw)", outputs=[widget, figure]),
-        md("## Exercises\n\n**1. Predict** · ★☆☆ · 3 min. What happens?\n\n<details><summary>Answer</summary>\n\n"
+        md("## Exercises\n\nTry each one before you open its hints; answers sit in collapsed blocks.\n\n"
+           "**1. Predict** · ★☆☆ · 3 min. What happens?\n\n<details><summary>Answer</summary>\n\n"
            "It drops.\n\n</details>"),
         code("### BEGIN SOLUTION\nanswer = 1\n### END SOLUTION"),
+        md("## Recap and next\n\n* It drops."),
     ])
     path = tmp_path / "11_dropout.ipynb"
     nbformat.write(nb, path)
     cells = _derive(path)
     types = [(_slide_type(cell), cell.source.splitlines()[0] if cell.source else "") for cell in cells]
-    assert ("slide", "## Why dropout?") in types and ("subslide", "### A second idea") in types
-    assert ("slide", "## See it") in types and ("slide", "## Exercises") in types
-    exercise = types.index(next(t for t in types if t[1] == "### Exercise 1. Predict · ★☆☆ · 3 min"))
-    assert types[exercise][0] == "subslide" or types[exercise - 1] == ("slide", "## Exercises")
+    assert ("slide", "## Why dropout?") in types and ("slide", "## See it") in types
+    assert ("slide", "## Exercises") in types and ("slide", "## Recap and next") in types
+    assert any(line == "### A second idea" for _, line in types)
+    assert any(line == "### Exercise 1. Predict · ★☆☆ · 3 min" for _, line in types)
     assert ("notes", "**Answer**") in types
-    assert not any("import torch" in cell.source or "BEGIN SOLUTION" in cell.source for cell in cells)
-    assert [cell.metadata.get("slides_figure") for cell in cells if cell.cell_type == "code"] == ["together", "swap"] \
-        or all(cell.metadata.get("slides_figure") for cell in cells if cell.cell_type == "code")
+    text = "\n".join(cell.source for cell in cells)
+    assert "import torch" not in text and "BEGIN SOLUTION" not in text
+    assert "The cell after it" not in text and "collapsed" not in text, "notebook-only sentences are left out"
+    result = next(c for c in cells if c.cell_type == "code" and any("the answer" in o.get("text", "") for o in c.outputs))
+    assert result.metadata["transient"] == {"remove_source": True}, "long code: its output only"
+    assert all(cell.metadata.get("slides_figure") for cell in cells
+               if cell.cell_type == "code" and any("image/png" in o.get("data", {}) for o in cell.outputs))
 
     html = slides.deck(path)
     assert WIDGET_VIEW not in html and "Interactive in the notebook: <b>width, depth</b>" in html
-    assert html.count('class="fragment') >= 4, "code and figure, one fragment each"
+    assert html.count('class="fragment') >= 2, "code and figure, one fragment each"
     assert '<aside class="notes">' in html
+    assert 'alt="No description' not in html and re.search(r'<img [^>]*alt="[^"]+"', html)
+
+
+def test_notebook_only_sentences_are_left_out_of_slides():
+    assert slides.for_slides("Try each one before you open its hints; answers to the questions sit in collapsed "
+                             "blocks.") == ""
+    assert slides.for_slides("Write `f(x)`. The cell after it checks it.") == "Write `f(x)`."
+    assert slides.for_slides("**Your turn** (student edition) · ★☆☆ · 5 min: write `g`.") == \
+        "**Your turn** · ★☆☆ · 5 min: write `g`."
+    assert slides.for_slides("It holds a third of them (computed below).") == "It holds a third of them."
+    kept = "A value $x_i = 1.5$ and `a.b()`. Then the next one."
+    assert slides.for_slides(kept) == kept
+    assert slides.for_slides("* a list item about cells\n* and another") == "* a list item about cells\n* and another"
 
 
 def test_outline_keeps_signatures_and_first_docstring_lines():
@@ -177,6 +302,65 @@ def _private():
     assert slides.outline("#| export\nimport torch\n") is None
 
 
+def test_solution_regions_become_stubs():
+    source = "def f(x):\n    \"\"\"Doc.\"\"\"\n    ### BEGIN SOLUTION\n    y = x + 1\n    return y\n    ### END SOLUTION\n"
+    assert web.stubbed(source) == 'def f(x):\n    """Doc."""\n    ...'
+    assert web.without_markers(source) == 'def f(x):\n    """Doc."""\n    y = x + 1\n    return y'
+    assert web.solution_lines(source) == ["y = x + 1", "return y"]
+
+
+def test_smallest_font_follows_the_calls():
+    functions = web.definitions(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "def draw(ax):\n    ax.legend(fontsize=8)\n")]))
+    assert slides.smallest_font_pt("ax.plot([1, 2])", {}) == slides.DEFAULT_FONT_PT
+    assert slides.smallest_font_pt("draw(ax)", functions) == 8
+    assert slides.smallest_font_pt("heatmap(ax, m, title='t', xlabel='x', ylabel='y')", {}) == slides.DEFAULT_FONT_PT
+    assert slides.smallest_font_pt("heatmap(ax, m, title='t', xlabel='x', ylabel='y', annotate=True)", {}) < 10
+    assert slides.smallest_font_pt("ax.legend(fontsize='small')", {}) == pytest.approx(8.33, abs=0.01)
+
+
+def test_panels_are_found_between_colorbars_and_labels():
+    png = base64.b64decode(_figure_png(16, 3.5, panels=4, suptitle="Four panels and one title across them all"))
+    title, columns, (top, bottom) = slides.panels(png)
+    assert title is not None and len(columns) == 4
+    assert all(b - a > 200 for a, b in columns) and top > title[1]
+
+
+def test_a_wide_figure_is_cut_into_rows_with_its_title_as_a_caption(tmp_path):
+    figure = nbformat.v4.new_output("display_data", data={
+        "image/png": _figure_png(18, 4, panels=4, suptitle="Four heads"), "text/plain": "<Figure>"})
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# 12 · Wide: a figure\n\nA promise."),
+        nbformat.v4.new_markdown_cell("## See it"),
+        nbformat.v4.new_code_cell('fig.suptitle("Four heads")\nplot()', outputs=[figure]),
+    ])
+    path = tmp_path / "12_wide.ipynb"
+    nbformat.write(nb, path)
+    cells = _derive(path)
+    rows = [c for c in cells if c.cell_type == "code" and c.metadata.get("slides_figure")]
+    assert len(rows) >= 2, "four panels too small side by side are shown as rows"
+    assert any('class="course-figure-title">Four heads<' in c.source for c in cells if c.cell_type == "markdown")
+    for cell in rows:
+        for output in cell.outputs:
+            if "image/png" in output.get("data", {}):
+                size = output.metadata["image/png"]
+                text_px = output.metadata["course"]["text_px"]
+                width = slides._png_info(base64.b64decode(output.data["image/png"]))[0]
+                assert text_px * size["width"] / width >= slides.MIN_TEXT_PX * 0.8, "its text is readable"
+
+
+def test_wrapped_code_keeps_its_indentation():
+    highlighted = ('<div class="highlight"><pre><span></span><span class="k">def</span> <span class="nf">f</span>():\n'
+                   '    <span class="s2">"""A docstring</span>\n<span class="s2">    on two lines."""</span>\n'
+                   '    <span class="k">return</span> 1\n</pre></div>')
+    out = slides.hanging_lines(highlighted)
+    lines = re.findall(r'<span class="course-line" style="--indent:(\d+)ch">(.*?)</span>(?=<span class="course-line"|</pre>)',
+                       out, re.DOTALL)
+    assert [int(indent) for indent, _ in lines] == [0, 4, 4, 4]
+    assert all(not re.sub(r"<[^>]+>", "", body).startswith(" ") for _, body in lines), "the indent is a padding"
+    assert out.count("<span") - out.count("</span>") == 0, "every span is closed on its own line"
+
+
 # Offline: nothing a page needs may come from elsewhere. Links a reader clicks (<a href>) may point anywhere.
 _FETCHED = re.compile(r"""<(?:script|img|iframe|source|video|audio)\b[^>]*\bsrc=["']([^"']+)|"""
                       r"""<link\b[^>]*\bhref=["']([^"']+)|@import\s+(?:url\()?["']?([^"')\s;]+)|url\(["']?([^"')]+)""")
@@ -187,7 +371,7 @@ def _fetched(html: str) -> list[str]:
 
 
 @pytest.mark.parametrize("which", ["deck_01", "page_05"])
-def test_no_cdn(which, request):
+def test_no_cdn_and_one_shared_css(which, request):
     html = request.getfixturevalue(which)
     fetched = _fetched(html)
     assert any("mathjax" in url for url in fetched), "MathJax is loaded"
@@ -196,15 +380,45 @@ def test_no_cdn(which, request):
     for url in fetched:
         assert url.startswith(("assets/", "images/", "data:", "#")), url
     assert "require.js" not in html and "unpkg.com" not in html and "cdnjs" not in html and "jsdelivr" not in html
+    assert "assets/notebook.css" in fetched, "JupyterLab's CSS is one shared file"
+    assert "--jp-cell-editor-background" not in html, "and not copied into the page"
 
 
-def test_every_notebook_page_links_previous_index_next_and_its_student_edition():
+def test_notebook_css_is_written_once(tmp_path):
+    web.copy_assets(tmp_path, reveal=False, css=["site.css"])
+    css = (tmp_path / "assets" / "notebook.css").read_text(encoding="utf-8")
+    assert "--jp-cell-editor-background" in css and ".highlight" in css and len(css) > 100_000
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_the_default_site_shows_no_solution(notebook):
+    """Every notebook page of the default site: no solution marker, no line of a solution, no output of a cell
+    that held one; the instructor's edition has them (markers aside) and says so."""
+    nb = nbformat.read(notebook, as_version=4)
+    secret = _secret_lines(nb)
+    page = web.Page.of(notebook)
+    student = site.notebook_page(page, site.pages())
+    text = htmllib.unescape(re.sub(r"<[^>]+>", "", student))
+    assert web.SOLUTION_BEGIN not in text and web.SOLUTION_END not in text
+    assert [line for line in secret if line in _lines(text)] == [], "solution code on the default site"
+    answers = [o.text.strip() for cell in nb.cells if cell.cell_type == "code" and web.has_solution(cell.source)
+               for o in cell.outputs if o.output_type == "stream" and len(o.text.strip()) > 20]
+    assert [a for a in answers if a.splitlines()[0] in text] == [], "the output of a solution cell"
+    if web.has_solution("".join(c.source for c in nb.cells if c.cell_type == "code")):
+        assert "YOUR CODE HERE" in text, "the student edition's stubs"
+    instructor = site.notebook_page(page, site.pages(), solutions=True)
+    itext = htmllib.unescape(re.sub(r"<[^>]+>", "", instructor))
+    assert web.SOLUTION_BEGIN not in itext and all(line in _lines(itext) for line in secret)
+    assert "course-solutions-banner" in instructor and "Instructor's edition" in itext
+
+
+def test_every_notebook_page_links_previous_index_next_its_deck_and_student_notebook():
     pages = site.pages()
     assert len(pages) == len(NOTEBOOKS) >= 2
     for at, page in enumerate(pages):
         nav = site.navigation(page, pages, "top")
         hrefs = re.findall(r'href="([^"]+)"', nav)
-        assert "index.html" in hrefs
+        assert "index.html" in hrefs and f"{page.stem}.slides.html" in hrefs
         assert f"{site.STUDENT_DIR}/{page.notebook.name}" in hrefs
         if at > 0:
             assert f"{pages[at - 1].stem}.html" in hrefs and 'rel="prev"' in nav
@@ -215,18 +429,42 @@ def test_every_notebook_page_links_previous_index_next_and_its_student_edition()
 def test_site_page_for_05(page_05):
     assert page_05.count('class="course-nav') == 2, "navigation on top and at the bottom"
     assert 'href="04_rmsnorm.html"' in page_05 and 'href="06_rope.html"' in page_05
+    assert 'href="05_attention.slides.html"' in page_05, "the page links its deck"
     assert re.search(rf'<a (download="" )?href="{site.STUDENT_DIR}/05_attention.ipynb"', page_05)
+    assert "course-run-box" in page_05 and "make workshop" in page_05, "how to run it"
     assert 'src="images/architecture_attention.svg"' in page_05, "the diagram comes from the site's images/"
     assert WIDGET_VIEW not in page_05 and "Interactive in the notebook" in page_05
-    assert page_05.count("data:image/png;base64,") >= 3, "the stored figures"
+    assert page_05.count("data:image/png;base64,") >= 2, "the stored figures"
+    assert "No description has been provided" not in page_05
+    alts = re.findall(r'<img [^>]*alt="([^"]*)"[^>]*src="data:image/png', page_05) + \
+        re.findall(r'<img src="data:image/png[^"]*" alt="([^"]*)"', page_05)
+    assert alts and all(alt and alt != "Figure" for alt in alts), "each figure's alt text is its title"
     assert "$$" in page_05 or "\\(" in page_05, "the maths, for MathJax to typeset"
     assert not re.search(r'href="(?!https?:)[^"]*\.ipynb"', page_05.replace(f'href="{site.STUDENT_DIR}/', "")), \
         "links to notebooks point at their pages"
 
 
-def test_landing_page_is_the_readme_with_links_to_the_pages():
-    html = site.document_page("README.md", site.pages())
-    for page in site.pages():
-        assert f'href="{page.stem}.html"' in html
-    assert 'href="contributing.html"' in html and 'src="images/architecture.svg"' in html
-    assert not re.search(r'href="notebooks/[^"]*\.ipynb"', html)
+def test_the_repository_address_comes_from_one_setting(monkeypatch):
+    monkeypatch.setenv(site.REPOSITORY_VARIABLE, "git@github.com:someone/transformer-from-scratch.git")
+    assert site.repository_url() == "https://github.com/someone/transformer-from-scratch.git"
+    assert site.repository_url("https://example.org/course.git") == "https://example.org/course.git"
+    box = site.run_box(site.pages()[0], "https://example.org/course.git", solutions=False)
+    assert "git clone https://example.org/course.git\ncd course" in box
+    assert "ask your lecturer" in site.run_box(site.pages()[0], None, solutions=False)
+
+
+def test_the_landing_page_is_for_learners():
+    pages = site.pages()
+    html = site.landing_page(pages, repository="https://example.org/course.git")
+    for page in pages:
+        assert f'href="{page.stem}.html"' in html and f'href="{page.stem}.slides.html"' in html
+    text = htmllib.unescape(re.sub(r"<[^>]+>", "", html))
+    for heading in ("How to start", "For lecturers"):
+        assert heading in text
+    for developer in ("make test", "Conda", "Layout", "localhost", "benchmark", "CONTRIBUTING"):
+        assert developer not in text, f"{developer!r} is for the repository's developers, not on the landing page"
+    assert "git clone https://example.org/course.git" in text and 'src="images/architecture.svg"' in html
+    hrefs = re.findall(r'<a [^>]*href="([^"#]+)', html)
+    local = [h for h in hrefs if not re.match(r"[a-z]+:", h)]
+    known = {"index.html"} | {f"{p.stem}.html" for p in pages} | {f"{p.stem}.slides.html" for p in pages}
+    assert set(local) <= known | {"data:,"}, "no link to a page the site does not have"

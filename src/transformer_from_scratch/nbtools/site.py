@@ -1,18 +1,28 @@
-"""``make site``: the course as a static website, from README.md and the notebooks' stored outputs.
+"""``make site``: the course as a static website that can be published, from the notebooks' stored outputs.
 
-    python -m transformer_from_scratch.nbtools.site [--out build/site]
+    python -m transformer_from_scratch.nbtools.site [--out build/site] [--solutions] [--repository URL]
 
-What it writes into ``--out`` (default ``build/site/``), every link relative, nothing fetched from elsewhere
-when it is built or read (open ``index.html`` from disk, or serve the folder with any static server):
+What it writes into ``--out`` (default ``build/site/``; ``build/site-instructor/`` with ``--solutions``), every link
+relative, nothing fetched from elsewhere when it is built or read (open ``index.html`` from disk, or serve the
+folder with any static server):
 
-* ``index.html``: README.md rendered; its links to ``notebooks/NN_x.ipynb`` point at the pages.
-* ``contributing.html``: CONTRIBUTING.md, which the README links to.
-* ``NN_x.html``: each guided notebook with the outputs it was saved with (figures, printed results, the
-  widgets' default figures, the maths typeset by MathJax), its hints and answers collapsed as in
-  JupyterLab, and navigation on top and at the bottom: previous · index · next.
-* ``student/NN_x.ipynb``: each notebook's student edition (what ``make student`` writes to
-  ``notebooks/student/``, generated here the same way), linked from its page for download.
-* ``images/`` (the diagrams) and ``assets/`` (MathJax from jupyter-server-mathjax, the site's CSS).
+* ``index.html``: the landing page for learners (``templates/site/index.md``): what the course builds, the ten
+  notebooks with one line each (their titles' promises), how to start, and a section for lecturers with the decks.
+* ``NN_x.html``: each notebook's page. By default it is the **student edition**, what ``make student`` gives the
+  learner: every solution region is the stub the learner fills in (``# YOUR CODE HERE``), no solution code and no
+  solution marker anywhere, and the outputs of the cells that held a solution are left out; every other output
+  (figures, printed results, the widgets' default figures) is the guided notebook's, so the page still shows what
+  the finished code does. With ``--solutions`` (``make site SOLUTIONS=1``) it is the instructor's edition: the
+  guided notebook with its solutions, the marker lines removed, and a banner on every page saying so.
+  Each page says how to run the notebook (clone, ``make workshop``), links its deck, its student notebook for
+  download, and previous · index · next.
+* ``NN_x.slides.html``: each notebook's deck (``nbtools/slides.py``), with the solutions in the speaker notes only
+  in the instructor's edition.
+* ``student/NN_x.ipynb``: each notebook's student edition (what ``make student`` writes to ``notebooks/student/``).
+* ``images/`` (the diagrams) and ``assets/`` (MathJax, reveal.js, ``notebook.css``, the site's and the decks' CSS).
+
+The repository's address on the pages comes from one setting: ``--repository`` (``make site REPOSITORY=…``), else
+the ``COURSE_REPOSITORY`` environment variable, else git's ``origin``; without any, the pages say to ask for it.
 
 The pages are nbconvert's HTMLExporter with the ``course_site`` template (``templates/course_site/``): the
 JupyterLab look, minus what would load from a CDN (require.js, the widget manager, mermaid), plus the
@@ -23,6 +33,9 @@ from __future__ import annotations
 
 import argparse
 import html
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,29 +43,47 @@ import nbformat
 from nbconvert.exporters import HTMLExporter
 from nbconvert.preprocessors import Preprocessor
 
-from .web import REPO, TEMPLATES, Page, WidgetNote, copy_assets, notebook_link, notebooks, rewrite_links
+from . import slides, web
+from .web import REPO, TEMPLATES, FigureAlt, Page, WidgetNote, copy_assets, notebook_link, notebooks, rewrite_links
 
 DEFAULT_OUT = REPO / "build" / "site"
+INSTRUCTOR_OUT = REPO / "build" / "site-instructor"
 COURSE = "Transformer LM from scratch"
 STUDENT_DIR = "student"
-# README and CONTRIBUTING link to each other and to the notebooks; on the site they are pages.
-DOCUMENTS = {"README.md": "index.html", "CONTRIBUTING.md": "contributing.html"}
+LANDING = TEMPLATES / "site" / "index.md"
+REPOSITORY_VARIABLE = "COURSE_REPOSITORY"
+STUDENT_NOTE_ID = "student-edition-note"  # the note nbtools/student.py puts under the title
 
 
-def _document_link(target: str) -> str | None:
-    path, _, anchor = target.partition("#")
-    name = Path(path).name
-    if name in DOCUMENTS and path in (name, f"../{name}", f"./{name}"):
-        return DOCUMENTS[name] + (f"#{anchor}" if anchor else "")
-    return notebook_link(target, ".html")
+def repository_url(setting: str | None = None) -> str | None:
+    """The repository's address for ``git clone``: ``setting``, else $COURSE_REPOSITORY, else git's ``origin``
+    (``git@host:owner/name.git`` as ``https://host/owner/name.git``); None when there is none."""
+    url = setting or os.environ.get(REPOSITORY_VARIABLE)
+    if not url:
+        try:
+            url = subprocess.run(["git", "-C", str(REPO), "remote", "get-url", "origin"], capture_output=True,
+                                 text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            url = ""
+    if not url:
+        return None
+    ssh = re.fullmatch(r"[\w.-]+@([\w.-]+):(.+)", url)
+    return f"https://{ssh[1]}/{ssh[2]}" if ssh else url
+
+
+def _clone_folder(url: str | None) -> str:
+    if not url:
+        return "<folder>"
+    name = re.sub(r"\.git$", "", url.rstrip("/").rsplit("/", 1)[-1])
+    return name or "<folder>"
 
 
 class SiteLinks(Preprocessor):
-    """Point a notebook's links at the site: other notebooks' pages, images/, the landing page."""
+    """Point a notebook's links at the site: other notebooks' pages, images/."""
 
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type == "markdown":
-            cell.source = rewrite_links(cell.source, _document_link)
+            cell.source = rewrite_links(cell.source, lambda target: notebook_link(target, ".html"))
         return cell, resources
 
 
@@ -61,23 +92,62 @@ def exporter() -> HTMLExporter:
         template_name="course_site",
         extra_template_basedirs=[str(TEMPLATES)],
         extra_template_paths=[str(TEMPLATES)],
-        preprocessors=[WidgetNote(), SiteLinks()],
+        preprocessors=[WidgetNote(), FigureAlt(), SiteLinks()],
         exclude_input_prompt=True,
         exclude_output_prompt=True,
     )
 
 
-def _link(href: str, text: str, rel: str = "", css: str = "") -> str:
+# --- The editions -------------------------------------------------------------------------------------------
+
+def student_page_notebook(path: Path) -> nbformat.NotebookNode:
+    """The notebook a default page shows: the guided notebook's Markdown and outputs with the student edition's
+    code (``nbtools.student``), and no output for a cell that held a solution (it would show the answer)."""
+    from .student import GUIDED_ONLY, student_notebook  # nbgrader is slow to import; only the site needs it here
+
+    guided = nbformat.read(path, as_version=4)
+    guided.cells = [cell for cell in guided.cells if GUIDED_ONLY not in cell.metadata.get("tags", [])]
+    student = nbformat.reads(student_notebook(path), as_version=4)
+    by_id = {cell.get("id"): cell for cell in student.cells if cell.get("id") != STUDENT_NOTE_ID}
+    same_ids = all(cell.get("id") in by_id for cell in guided.cells)
+    fallback = [cell for cell in student.cells if cell.get("id") != STUDENT_NOTE_ID]
+    for index, cell in enumerate(guided.cells):
+        if cell.cell_type != "code":
+            continue
+        twin = by_id[cell.get("id")] if same_ids else (fallback[index] if index < len(fallback) else None)
+        if twin is None or twin.cell_type != "code":
+            raise ValueError(f"{path.name}: the student edition's cells do not match the guided notebook's")
+        if web.has_solution(cell.source):
+            cell.outputs = []
+            cell.execution_count = None
+        cell.source = twin.source
+    return guided
+
+
+def instructor_page_notebook(path: Path) -> nbformat.NotebookNode:
+    """The guided notebook with its solutions, the marker lines left out."""
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = web.without_markers(cell.source)
+    return nb
+
+
+# --- The pieces of a page -----------------------------------------------------------------------------------
+
+def _link(href: str, text: str, rel: str = "", css: str = "", download: bool = False) -> str:
     attributes = f' rel="{rel}"' if rel else ""
     attributes += f' class="{css}"' if css else ""
+    attributes += " download" if download else ""
     return f'<a href="{html.escape(href)}"{attributes}>{html.escape(text)}</a>'
 
 
-def navigation(page: Page | None, all_pages: list[Page], where: str) -> str:
-    """The bar on top (``where="top"``) and at the bottom of a page: previous · index · next and the student
-    edition; on the landing page (``page`` None), the way to the first notebook."""
+def navigation(page: Page | None, all_pages: list[Page], where: str, solutions: bool = False) -> str:
+    """The bar on top (``where="top"``) and at the bottom of a page: previous · index · next, the deck and the
+    student notebook; on the landing page (``page`` None), the way to the first notebook."""
+    home = COURSE + (" · instructor's edition" if solutions else "")
     parts = [f'<nav class="course-nav course-nav-{where}" aria-label="Course navigation">',
-             _link("index.html", COURSE, css="course-home")]
+             _link("index.html", home, css="course-home")]
     if page is None:
         first = all_pages[0]
         start = _link(f"{first.stem}.html", f"Start: {first.short} →", "next")
@@ -90,52 +160,101 @@ def navigation(page: Page | None, all_pages: list[Page], where: str) -> str:
             '<span class="course-none">← (first notebook)</span>'
         following = _link(f"{after.stem}.html", f"{after.short} →", "next") if after else \
             '<span class="course-none">(last notebook) →</span>'
-        student = _link(f"{STUDENT_DIR}/{page.notebook.name}", "Student edition (.ipynb)")
         parts += [f'<span class="course-prev">{previous}</span>',
                   f'<span class="course-index">{_link("index.html", "Index", "index")}</span>',
                   f'<span class="course-next">{following}</span>',
-                  f'<span class="course-student">{student}</span>']
+                  f'<span class="course-deck">{_link(f"{page.stem}.slides.html", "Slides")}</span>',
+                  f'<span class="course-student">'
+                  f'{_link(f"{STUDENT_DIR}/{page.notebook.name}", "Student notebook (.ipynb)", download=True)}</span>']
     parts.append("</nav>")
     return "\n".join(parts)
 
 
-def student_box(page: Page) -> str:
+def solutions_banner() -> str:
+    return ('<aside class="course-solutions-banner" role="note"><b>Instructor\'s edition.</b> This page shows the '
+            'reference solutions. Do not publish it: the site for learners is <code>make site</code>, without '
+            '<code>SOLUTIONS=1</code>.</aside>')
+
+
+def run_box(page: Page, repository: str | None, solutions: bool) -> str:
+    """How to run this notebook: clone, set up, open the workshop; the repository's address from one setting."""
     name = html.escape(page.notebook.name)
-    return (f'<aside class="course-student-box"><b>Write it yourself.</b> The student edition of this notebook '
-            f'blanks the final class and the exercises for you to write, with hints and a check that names your '
-            f'mistake: <a href="{STUDENT_DIR}/{name}" download>download {name}</a>. It runs inside the course\'s '
-            f'repository, where <code>make student</code> writes it to <code>notebooks/student/{name}</code> and '
-            f'<code>make lab</code> opens it.</aside>')
+    if repository:
+        clone = f"git clone {html.escape(repository)}\ncd {html.escape(_clone_folder(repository))}"
+        where = f'the course\'s repository, <a href="{html.escape(repository)}">{html.escape(repository)}</a>'
+    else:
+        clone = "git clone &lt;repository-address&gt;\ncd &lt;repository-folder&gt;"
+        where = "the course's repository (ask your lecturer for its address)"
+    edition = ("This page is the <b>instructor's edition</b>: the guided notebook with every solution."
+               if solutions else
+               "This page is the <b>student edition</b>: the code you write is left blank "
+               "(<code># YOUR CODE HERE</code>), and the figures and results are those of the finished notebook.")
+    return (
+        f'<aside class="course-run-box"><p>{edition} <b>To run it yourself</b>, work in {where}; you need Python 3.10 or '
+        f'newer and <code>make</code>:</p>\n<pre><code>{clone}\n'
+        f'make workshop   # first run: installs everything into .venv (about 2 minutes)</code></pre>\n'
+        f'<p><code>make workshop</code> writes the student edition to <code>notebooks/student/</code> (never over your '
+        f'edits) and opens JupyterLab; this notebook is <code>notebooks/student/{name}</code>. The '
+        f'<a href="{STUDENT_DIR}/{name}" download>downloaded {name}</a> is the same file: it runs only there, inside '
+        f'the repository, because it imports your own package and the course\'s checks. The notebook\'s slides: '
+        f'<a href="{html.escape(page.stem)}.slides.html">{html.escape(page.short)}, the deck</a>.</p></aside>')
 
 
 def _render(html_exporter: HTMLExporter, nb, title: str, name: str, path: Path, top: str, bottom: str,
-            intro: str = "") -> str:
+            intro: str = "", outro: str = "", solutions: bool = False) -> str:
     nb.metadata["title"] = title
     resources = {"metadata": {"name": name, "path": str(path)},
-                 "course": {"nav_top": top, "intro": intro, "nav_bottom": bottom}}
+                 "course": {"nav_top": top, "intro": intro, "outro": outro, "nav_bottom": bottom,
+                            "solutions": solutions}}
     body, _ = html_exporter.from_notebook_node(nb, resources=resources)
     return body
 
 
-def _document(path: Path):
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell(rewrite_links(path.read_text(encoding="utf-8"), _document_link))]
-    return nb
-
-
-def notebook_page(page: Page, all_pages: list[Page], html_exporter: HTMLExporter | None = None) -> str:
-    """The HTML of ``page``'s notebook: its cells and stored outputs, navigation, the student edition's box."""
-    nb = nbformat.read(page.notebook, as_version=4)
+def notebook_page(page: Page, all_pages: list[Page], html_exporter: HTMLExporter | None = None,
+                  solutions: bool = False, repository: str | None = None) -> str:
+    """The HTML of ``page``'s notebook: the student edition (or with ``solutions``, the instructor's), its stored
+    outputs, navigation, and how to run it."""
+    nb = instructor_page_notebook(page.notebook) if solutions else student_page_notebook(page.notebook)
+    box = nbformat.v4.new_markdown_cell(run_box(page, repository, solutions))  # HTML, which Markdown keeps
+    nb.cells.insert(1 if nb.cells else 0, box)  # under the title
+    intro = solutions_banner() if solutions else ""
     return _render(html_exporter or exporter(), nb, f"{page.short} · {COURSE}", page.stem, page.notebook.parent,
-                   navigation(page, all_pages, "top"), navigation(page, all_pages, "bottom"), student_box(page))
+                   navigation(page, all_pages, "top", solutions), navigation(page, all_pages, "bottom", solutions),
+                   intro, solutions=solutions)
 
 
-def document_page(document: str, all_pages: list[Page], html_exporter: HTMLExporter | None = None) -> str:
-    """The HTML of README.md (the landing page) or CONTRIBUTING.md."""
-    page_name = DOCUMENTS[document]
-    title = COURSE if page_name == "index.html" else f"{Path(document).stem.capitalize()} · {COURSE}"
-    return _render(html_exporter or exporter(), _document(REPO / document), title, Path(page_name).stem, REPO,
-                   navigation(None, all_pages, "top"), navigation(None, all_pages, "bottom"))
+def landing_markdown(all_pages: list[Page], repository: str | None, solutions: bool = False) -> str:
+    """The landing page's Markdown: ``templates/site/index.md`` with its placeholders filled in."""
+    text = LANDING.read_text(encoding="utf-8")
+    rows = "\n".join(f"| {p.number} | [{p.name}]({p.stem}.html) | {p.promise[:1].upper() + p.promise[1:]} | "
+                     f"[slides]({p.stem}.slides.html) |" for p in all_pages)
+    notebooks_table = "| # | notebook | what it builds | deck |\n|---|---|---|---|\n" + rows
+    decks = " · ".join(f"[{p.number} {p.name}]({p.stem}.slides.html)" for p in all_pages)
+    if repository:
+        clone = f"git clone {repository}\ncd {_clone_folder(repository)}"
+        where = f"The course lives in a git repository: [{repository}]({repository})."
+    else:
+        clone = "git clone <repository-address>\ncd <repository-folder>"
+        where = "The course lives in a git repository; your lecturer gives you its address."
+    edition = ("**This is the instructor's edition of the site: every page shows the solutions. Do not publish "
+               "it.**\n\n" if solutions else "")
+    replacements = {"<!-- edition -->": edition, "<!-- notebooks -->": notebooks_table,
+                    "<!-- decks -->": decks, "<!-- clone -->": clone, "<!-- repository -->": where,
+                    "<!-- first -->": f"[{all_pages[0].short}]({all_pages[0].stem}.html)"}
+    for key, value in replacements.items():
+        text = text.replace(key, value)
+    return rewrite_links(text, lambda target: notebook_link(target, ".html"))
+
+
+def landing_page(all_pages: list[Page], html_exporter: HTMLExporter | None = None, solutions: bool = False,
+                 repository: str | None = None) -> str:
+    """The HTML of the landing page."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(landing_markdown(all_pages, repository, solutions))]
+    intro = solutions_banner() if solutions else ""
+    return _render(html_exporter or exporter(), nb, COURSE, "index", REPO,
+                   navigation(None, all_pages, "top", solutions), navigation(None, all_pages, "bottom", solutions),
+                   intro, solutions=solutions)
 
 
 def pages() -> list[Page]:
@@ -143,38 +262,59 @@ def pages() -> list[Page]:
     return [Page.of(path) for path in notebooks()]
 
 
-def build(out: Path = DEFAULT_OUT, notebooks: list[Path] | None = None, landing: bool = True) -> list[Path]:
-    """Write the site into ``out``: the pages of ``notebooks`` (default: all) with their student editions and,
-    with ``landing``, the landing page and CONTRIBUTING. Return the pages written."""
-    from .student import student_notebook  # nbgrader is slow to import; only the site needs it here
+def build(out: Path = DEFAULT_OUT, notebooks: list[Path] | None = None, landing: bool = True,
+          solutions: bool = False, repository: str | None = None, decks: bool = True) -> list[Path]:
+    """Write the site into ``out``: the pages of ``notebooks`` (default: all) with their decks and student
+    notebooks and, with ``landing``, the landing page. Return the pages written."""
+    from .student import GUIDED_ONLY, student_notebook  # nbgrader is slow to import; only the site needs it here
 
     all_pages = pages()
     chosen = [Page.of(path.resolve()) for path in notebooks] if notebooks else all_pages
     out.mkdir(parents=True, exist_ok=True)
-    copy_assets(out, reveal=False, css="site.css")
+    copy_assets(out, reveal=decks, css=["site.css"] + (["slides.css"] if decks else []))
     html_exporter = exporter()
     written = []
     if landing:
-        for document, page_name in DOCUMENTS.items():
-            (out / page_name).write_text(document_page(document, all_pages, html_exporter), encoding="utf-8")
-            written.append(out / page_name)
+        (out / "index.html").write_text(landing_page(all_pages, html_exporter, solutions, repository),
+                                        encoding="utf-8")
+        written.append(out / "index.html")
     (out / STUDENT_DIR).mkdir(exist_ok=True)
     for page in chosen:
-        (out / f"{page.stem}.html").write_text(notebook_page(page, all_pages, html_exporter), encoding="utf-8")
+        (out / f"{page.stem}.html").write_text(notebook_page(page, all_pages, html_exporter, solutions, repository),
+                                               encoding="utf-8")
         (out / STUDENT_DIR / page.notebook.name).write_text(student_notebook(page.notebook), encoding="utf-8")
         written.append(out / f"{page.stem}.html")
+    if decks:
+        slides.build([page.notebook for page in chosen], out, solutions)
+    if landing and not notebooks:  # a whole site: pages left from an earlier build (a renamed notebook) go
+        keep = {path.name for path in written} | {f"{page.stem}.slides.html" for page in all_pages}
+        for stale in out.glob("*.html"):
+            if stale.name not in keep:
+                stale.unlink()
     return written
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m transformer_from_scratch.nbtools.site",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the site goes (default: build/site)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where the site goes (default: build/site, or build/site-instructor with --solutions)")
+    parser.add_argument("--solutions", action="store_true",
+                        help="the instructor's edition: every page with its solutions (never publish it)")
+    parser.add_argument("--repository", default=None,
+                        help=f"the address learners clone (default: ${REPOSITORY_VARIABLE}, else git's origin)")
     args = parser.parse_args(argv)
-    pages = build(args.out.resolve())
-    print(f"wrote {len(pages)} pages and the student editions to {args.out}/")
-    print(f"Open {args.out / 'index.html'} in a browser, or serve it: "
-          f"python -m http.server --directory {args.out} 8000, then http://localhost:8000")
+    out = (args.out or (INSTRUCTOR_OUT if args.solutions else DEFAULT_OUT)).resolve()
+    repository = repository_url(args.repository)
+    written = build(out, solutions=args.solutions, repository=repository)
+    print(f"wrote {len(written)} pages, their decks and the student notebooks to {out}/")
+    if args.solutions:
+        print("This is the instructor's edition: every page shows the solutions. Do not publish it.")
+    if repository is None:
+        print(f"No repository address (no git origin, no ${REPOSITORY_VARIABLE}): the pages ask learners to get it "
+              "from their lecturer. Set it with make site REPOSITORY=https://…")
+    print(f"Open {out / 'index.html'} in a browser, or serve the folder: "
+          f"python3 -m http.server --directory {out} 8000")
     return 0
 
 

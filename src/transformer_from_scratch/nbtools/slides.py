@@ -1,6 +1,6 @@
 """``make slides``: one reveal.js deck per notebook, derived from the notebook's structure.
 
-    python -m transformer_from_scratch.nbtools.slides [NOTEBOOK ...] [--out build/slides]
+    python -m transformer_from_scratch.nbtools.slides [NOTEBOOK ...] [--out build/slides] [--solutions]
 
 writes ``<out>/NN_name.slides.html`` for each notebook (default: all of them), with reveal.js, MathJax,
 the diagrams and the CSS copied once under ``<out>/assets/`` and ``<out>/images/``: the decks need no
@@ -9,18 +9,31 @@ follows and sets ``metadata.slideshow.slide_type`` on a copy (the notebook file 
 
 * The title ``# NN · Name: promise`` opens the deck, the diagram beside it; "**By the end of this
   notebook you can:**" and the objectives follow on a sub-slide.
-* Every ``##`` section starts a slide (a column in reveal.js), every ``###`` a sub-slide (down the column),
-  and so does each exercise (a paragraph opening ``**N. ``) and a paragraph that is only bold text.
-* Markdown is cut into its paragraphs. When the next paragraph or cell would not fit on the sub-slide
-  (heights estimated on the 1280 × 720 canvas), a sub-slide "… (continued)" takes over.
-* A code cell that draws a figure: its code, then its figure, one fragment each (one key press each),
-  on a sub-slide of their own when they do not fit below what is there. The code is left out when it is
-  longer than ``CODE_LINES`` lines or when code and figure do not fit on one slide together.
-* A code cell without a figure is shown with its printed output (cut to ``OUTPUT_LINES`` lines) when it has
-  at most ``CODE_LINES`` lines; a longer one (a helper's definition) is left out: the notebook has it.
-* Left out: the ``## Setup`` section (imports, seeds), the export cell, the code of ``## Exercises``
-  (solutions, self-checks). The final class (``#| export`` cells) is shown as its outline: signatures and
-  the first line of each docstring; the bodies are what the learners write.
+* Every ``##`` section starts a slide (a column in reveal.js); a ``###`` heading starts a sub-slide (down the
+  column) unless its part is short enough to share the sub-slide before it. An exercise (a paragraph opening
+  ``**N. ``) gets a heading of its own; short exercises share a sub-slide.
+* Markdown is cut into its paragraphs. Each section's paragraphs, code and figures are spread over as few
+  sub-slides as they need, evenly, with heights estimated on the 1280 × 720 canvas (``paginate``): a page never
+  ends on a paragraph that ends with a colon, prose stays with the code or figure right after it, and a
+  leftover of a few lines is avoided. A sub-slide that continues a part is headed "… (continued)".
+* Every result stays. A code cell is shown with its output when it has at most ``CODE_LINES`` lines; a longer
+  one shows its output only (text, table or figure). Printed output is cut at ``OUTPUT_LINES`` lines, saying how
+  much is left out.
+* Figures are sized for the room: the smallest text drawn in a figure (read from the code that drew it:
+  matplotlib's 10 pt, or a ``fontsize`` it sets) is at least ``MIN_TEXT_PX`` canvas pixels, up to 1.5 times the
+  saved size. A figure whose panels do not fit side by side at that size is cut into its panels (found by the
+  white columns between them) and shown as rows, one sub-slide each when need be. A figure's code, when shown,
+  comes first, then its figure (one key press each), below it or in its place.
+* Left out: the ``## Setup`` section (imports, seeds), the export cell and the sentence that introduces it,
+  the code of ``## Exercises`` (solutions, self-checks), a long definition with no output (unless the text
+  announces it, ending with a colon: then its outline), magics with no output (``%timeit``), and sentences
+  that only make sense in the notebook (cells, collapsed hints, the student edition).
+* What the learners write is never on a slide: the final class (``#| export`` cells) shows as its outline
+  (signatures and the first line of each docstring), and a step's solution region as ``...``. With
+  ``--solutions`` (the instructor's decks) the full code goes into the speaker notes.
+* The appendix: ``## Verify`` and the final class's ``### Check it`` move after the recap, as uncounted slides
+  (reveal.js's ``data-visibility="uncounted"``): in the deck, out of the lecture's path. A step's self-check
+  shows its output only.
 * ``<details>`` blocks (hints, answers) move to the speaker notes: press S for the speaker view.
 * A widget's controls become a one-line note naming them, above the default figure the notebook stored.
 
@@ -34,38 +47,85 @@ import argparse
 import ast
 import base64
 import copy
+import html
+import io
 import math
+import os
 import re
-import struct
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 from nbconvert.exporters import SlidesExporter
 from nbconvert.preprocessors import Preprocessor
+from traitlets import Bool
 
-from .web import REPO, TEMPLATES, Page, WidgetNote, copy_assets, notebook_link, notebooks, rewrite_links
+from . import web
+from .web import REPO, TEMPLATES, FigureAlt, Page, WidgetNote, copy_assets, notebook_link, notebooks, rewrite_links
 
 DEFAULT_OUT = REPO / "build" / "slides"
+INSTRUCTOR_OUT = REPO / "build" / "slides-instructor"
 SKIPPED_SECTIONS = ("## Setup",)
-CODE_LINES = 12  # longer code is left out (a figure it draws is still shown)
-OUTPUT_LINES = 9  # printed output beyond this many (wrapped) lines is cut, saying how much is left out
+APPENDIX_SECTIONS = ("## Verify",)  # moved after the recap
+APPENDIX_PARTS = ("### Check it",)  # a ### part moved into the appendix, from wherever it is
+APPENDIX_PREFIX = "Appendix · "
+CODE_LINES = 12  # longer code shows its output only
+OUTPUT_LINES = 16  # printed output beyond this many (wrapped) lines is cut, saying how much is left out
 WIDTH, HEIGHT = 1280, 720  # reveal.js's canvas; templates/static/slides.css sizes the text for it
 
-# Estimated heights in canvas pixels, matching templates/static/slides.css. A sub-slide holds BUDGET.
-BUDGET = 600
-PROSE = (31, 100)  # (pixels per rendered line, characters per line) of body text
-CODE = (24, 104)
-OUTPUT = (21, 108)
-HEADING = {1: 56, 2: 52, 3: 44}  # per rendered line
-HEADING_CHARS = {1: 44, 2: 56, 3: 70}
+# Estimated heights in canvas pixels, matching templates/static/slides.css. A sub-slide's content fills at most
+# BUDGET pixels from the top: below it sit the controls (bottom right) and the slide number (bottom left).
+BUDGET = 636
+PROSE = (32.5, 98)  # (pixels per rendered line, characters per line) of body text
+CODE = (24.7, 104)
+OUTPUT = (21.25, 116)
+HEADING = {1: 56, 2: 76, 3: 56}  # the first rendered line, with its margins
+HEADING_LINE = {1: 53, 2: 46, 3: 37}  # each further line
+HEADING_CHARS = {1: 44, 2: 60, 3: 76}
 GAP = 14  # between two cells
-CODE_PADDING = 18
-FIGURE_MAX_HEIGHT = 430  # img max-height for an output figure on a slide
-FIGURE_MAX_WIDTH = 1200
+PARAGRAPH = 12  # below a paragraph
+CODE_PADDING = 20
+SWAP_ABOVE = 330  # a code cell with its output taller than this may show its output in place of its code
+TASK_PADDING = 22  # the box around a "Your turn" task
 IMAGE_MAX_HEIGHT = 400  # an image in the markdown
 NOTE_HEIGHT = 34
+CAPTION = (28, 110)  # a figure's title as a caption (templates/static/slides.css: .course-figure-title)
+TITLE_FIGURE_ROOM = BUDGET - HEADING[3] - GAP  # the most a figure may take, below a sub-slide's heading
+# A page that ends on a figure may go further down than the text: the controls and the slide number sit in the
+# corners, beside a centred figure: FIGURE_BOTTOM further when it is at most CLEAR_WIDTH wide, else WIDE_BOTTOM.
+FIGURE_BOTTOM = 52
+WIDE_BOTTOM = 28
+CLEAR_WIDTH = 1140
+
+# Figures. Matplotlib draws text at 10 pt unless told otherwise; the notebooks save PNGs at 100 dpi.
+MIN_TEXT_PX = 13.5  # the smallest text in a figure, in canvas pixels ("about 14"), where the slide has room for it
+# A figure is cut into rows of its panels only when, whole, its smallest text would be below SPLIT_BELOW_PX or its
+# default (10 pt) text below SPLIT_DEFAULT_BELOW_PX: cutting a two-panel comparison costs more than a small legend.
+SPLIT_BELOW_PX = 10.0
+SPLIT_DEFAULT_BELOW_PX = 11.0
+ROW_SCALE = 0.85  # rows hold as many panels as fit at this fraction of the scale the text needs
+DEFAULT_FONT_PT = 10.0
+NAMED_FONT_SIZES = {"xx-small": 0.579, "x-small": 0.694, "small": 0.833, "medium": 1.0, "large": 1.2,
+                    "x-large": 1.44, "xx-large": 1.728, "smaller": 0.833}
+MAX_FIGURE_SCALE = 1.5
+FIGURE_MAX_WIDTH = 1170  # centred, clear of the controls (right) and the slide number (left)
+IMAGE_MARGIN = 24  # around an <img> in an output
+MIN_PANEL_WIDTH = 150  # narrower runs of ink (a colorbar, a rotated label) belong to a neighbouring panel
+
+# Page-breaking costs (``paginate``): fewer pages first, then even ones; breaks where the notebook has a heading.
+PAGE_COST = 1000
+SLACK_COST = 60  # per (100 px of empty room)², so that pages are even
+CONTINUED_COST = 250  # a page that continues a part ("(continued)")
+MERGE_COST = 700  # a ### part that shares the page of the part before it
+SPLIT_PROSE_COST = 2500  # prose separated from the code or figure right after it
+KEEP_COST = 10**6  # a page that ends on an exercise's heading
+COLON_COST = 5000  # a page that ends on a colon (rewritten as a full stop): worse than a leftover, not than a title alone
+MIN_SHRINK = 0.8  # figures may shrink this far below their text's size to stay with the text that explains them
+SHRINK_COST = 200  # per percent they shrink
+NEAR_EMPTY = 170  # a page whose content (heading aside) is shorter than this is a leftover
+NEAR_EMPTY_COST = 4000
+OVERFULL_COST = 10**7
 
 
 def _rows(text: str, chars: int) -> int:
@@ -73,14 +133,45 @@ def _rows(text: str, chars: int) -> int:
 
 
 @dataclass
+class Figure:
+    """One saved PNG on a slide: its size, the smallest text drawn in it, the scales it may take."""
+
+    output: nbformat.NotebookNode
+    width: int
+    height: int
+    text_px: float  # the smallest text, in the PNG's pixels
+    dpi: float = 100.0
+
+    @property
+    def max_scale(self) -> float:
+        return min(MAX_FIGURE_SCALE, FIGURE_MAX_WIDTH / self.width, TITLE_FIGURE_ROOM / self.height)
+
+    @property
+    def min_scale(self) -> float:
+        """The scale that makes the smallest text MIN_TEXT_PX, if the slide has room for it."""
+        return min(MIN_TEXT_PX / self.text_px, self.max_scale)
+
+
+@dataclass
 class Piece:
     """One cell of the deck, with what starts it and its estimated height."""
 
     cell: nbformat.NotebookNode
-    kind: str  # "slide", "subslide", "flow", "figure" (a code cell that draws one), "notes"
-    height: int = 0  # for a figure: the height of its outputs
+    kind: str  # "slide" (##), "subslide" (###), "flow", "figure" (a code cell's figures), "notes"
+    height: int = 0  # fixed height: for a figure, its code (0 when hidden) and its other outputs
     heading: str = ""  # a slide's or sub-slide's heading, repeated on its continuations
+    keep: bool = False  # never the last thing on a page (a paragraph ending with a colon, an exercise's heading)
+    soft: bool = False  # a page may start here without "(continued)" (an exercise's heading)
     code_height: int = 0  # a figure's code, 0 when it is left out
+    figures: list[Figure] = field(default_factory=list)
+
+    @property
+    def is_prose(self) -> bool:
+        return self.kind == "flow" and self.cell.cell_type == "markdown" and not self.soft
+
+    @property
+    def is_code(self) -> bool:
+        return self.kind == "figure" or (self.kind == "flow" and self.cell.cell_type == "code")
 
 
 # --- Markdown -----------------------------------------------------------------------------------------
@@ -117,11 +208,56 @@ def _blocks(source: str) -> list[str]:
     return ["\n".join(block) for block in blocks]
 
 
+def _list_items(block: str) -> list[str]:
+    """A Markdown list cut into its items (each still a list of one item, numbered as before)."""
+    items: list[list[str]] = []
+    for line in block.splitlines():
+        if re.match(r"([*-]|\d+\.) ", line) or not items:
+            items.append([line])
+        else:
+            items[-1].append(line)
+    return ["\n".join(item) for item in items]
+
+
 def _details_to_notes(block: str) -> str:
     """A <details><summary>Hint 1: …</summary> … </details> block as plain Markdown for the speaker notes."""
     text = re.sub(r"<summary>(.*?)</summary>", r"**\1**\n\n", block, flags=re.DOTALL)
     text = re.sub(r"</?details>", "", text)
     return re.sub(r"\n{3,}", "\n\n", text).strip()
+
+
+# Sentences that only make sense in the notebook: the cells, the collapsed hints, the student edition.
+NOTEBOOK_ONLY = re.compile(
+    r"\b(the|this|that|each|every|a new|next|your|its) (solution )?cells?\b|\bcells? (after|below|above|before)\b"
+    r"|\bcollapsed\b|\bfolded\b|\bopen (its|the|their) hints?\b|\bhints? one at a time\b|\bstudent edition\b"
+    r"|[\"*_']See it[\"*_'] below|\bself-check below\b|\bin a new cell\b|\brun the cell\b",
+    re.IGNORECASE)
+_PROTECT = re.compile(r"`[^`]*`|\$\$.*?\$\$|\$[^$]*\$", re.DOTALL)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z*_`$(\"'])")
+
+
+def _sentences(text: str) -> list[str]:
+    """Split prose into sentences, never inside `code` or $maths$."""
+    protected: list[str] = []
+
+    def hide(match: re.Match) -> str:
+        protected.append(match[0])
+        return f"\0{len(protected) - 1}\0"
+
+    hidden = _PROTECT.sub(hide, text)
+    parts = _SENTENCE_END.split(hidden)
+    return [re.sub(r"\0(\d+)\0", lambda m: protected[int(m[1])], part) for part in parts]
+
+
+def for_slides(block: str) -> str:
+    """A paragraph as the deck says it: without the sentences that only make sense in the notebook. '' when none
+    is left. Headings, lists, tables, maths and HTML are kept as they are."""
+    stripped = block.strip()
+    if re.match(r"(#|[*-] |\d+\. |\||\$\$|<|```|>)", stripped):
+        return block
+    text = re.sub(r"\s*\((student edition|computed below|see below|below)\)", "", stripped)
+    kept = [s for s in _sentences(text) if not NOTEBOOK_ONLY.search(s)]
+    return " ".join(kept).strip()
 
 
 def _image_height(block: str, notebook_dir: Path) -> int:
@@ -146,50 +282,90 @@ def _visible_length(text: str) -> int:
     """About how many characters ``text`` shows once rendered: no link targets, markup, TeX command names."""
     text = re.sub(r"\]\([^)]*\)", "]", text)
     text = re.sub(r"<[^>]+>", "", text)
+    text = re.sub(r"\\(text|mathrm|operatorname|mathbf|mathbb)\{([^}]*)\}", r"\2", text)
     text = re.sub(r"\\[a-zA-Z]+", "x", text)
     return len(re.sub(r"[`*_{}^$\\]", "", text))
+
+
+_MATRIX = re.compile(r"\\begin\{(p|b|v|V)?matrix\}(.*?)\\end\{(p|b|v|V)?matrix\}|\\begin\{cases\}(.*?)\\end\{cases\}",
+                     re.DOTALL)
+
+
+def _maths_height(tex: str) -> float:
+    """The rendered height of a display formula: its rows (``\\`` outside matrices), each as tall as its
+    tallest part (a fraction, a sum with limits, a matrix of r rows)."""
+    matrix_rows = [m.group(0).count("\\\\") + 1 for m in _MATRIX.finditer(tex)]
+    outside = _MATRIX.sub("M", tex)
+    rows = outside.count("\\\\") + 1
+    line = 46.0
+    if re.search(r"\\(frac|dfrac|tfrac|sum|prod|int|binom|underbrace|overbrace)", outside):
+        line = 72.0
+    if re.search(r"\\sqrt\{[^}]*\\(frac|sum)", outside):
+        line = 100.0
+    if matrix_rows:
+        line = max(line, 30.0 * max(matrix_rows) + 12)
+    return rows * line + 48
 
 
 def _markdown_height(block: str, notebook_dir: Path) -> int:
     heading = re.match(r"(#{1,3}) (.*)", block)
     if heading:
         level = len(heading[1])
-        return HEADING[level] * max(1, math.ceil(_visible_length(heading[2]) / HEADING_CHARS[level])) + GAP
+        lines = max(1, math.ceil(_visible_length(heading[2]) / HEADING_CHARS[level]))
+        return HEADING[level] + HEADING_LINE[level] * (lines - 1) + GAP
     if re.match(r"\s*(<img|!\[)", block):
         return _image_height(block, notebook_dir) + GAP
-    height, item, in_math = 0, "", False
+    height, item, maths = 0.0, "", None
 
-    def flush() -> int:
-        return PROSE[0] * math.ceil(_visible_length(item) / PROSE[1]) if item.strip() else 0
+    def flush() -> float:
+        if not item.strip():
+            return 0
+        extra = sum(24 * m.group(0).count("\\\\") for m in _MATRIX.finditer(item))  # an inline matrix
+        return PROSE[0] * math.ceil(_visible_length(item) / PROSE[1]) + extra
 
+    table = False
     for line in block.splitlines():
         stripped = line.strip()
-        if stripped.startswith("$$") or in_math:  # display maths: a row per line of TeX (or \\ in it)
-            height, item = height + flush(), ""
-            if stripped.startswith("$$"):
-                in_math = not in_math if stripped == "$$" else False
-                height += 14 if stripped == "$$" else 56
+        if maths is not None:  # inside display maths
+            if "$$" in stripped:
+                height += _maths_height(maths + stripped.replace("$$", ""))
+                maths = None
             else:
-                height += 50 + 36 * stripped.count("\\\\")
+                maths += stripped + "\n"
+        elif stripped.startswith("$$"):
+            height, item = height + flush(), ""
+            rest = stripped[2:]
+            if "$$" in rest:
+                height += _maths_height(rest.replace("$$", ""))
+            else:
+                maths = rest + "\n"
         elif stripped.startswith("|"):  # a table row (its rule is no row)
             height, item = height + flush(), ""
-            height += 0 if set(stripped) <= set("|-: ") else 36
+            if not table:
+                height, table = height + 14, True
+            height += 0 if set(stripped) <= set("|-: ") else 38
         elif re.match(r"([*-]|\d+\.) ", stripped):  # a list item starts
-            height, item = height + flush() + 6, stripped + " " * 4
+            height, item = height + flush() + 6, stripped + " " * 6
         else:
             item += " " + stripped
-    return height + flush() + GAP
+    if maths is not None:
+        height += _maths_height(maths)
+    return int(height + flush()) + PARAGRAPH
 
 
 def _markdown_pieces(cell, notebook_dir: Path, title: bool) -> list[Piece]:
     pieces = []
     for block in _blocks(cell.source):
-        new = nbformat.v4.new_markdown_cell(block)
         stripped = block.strip()
         if stripped.startswith("<details"):
-            new.source = _details_to_notes(block)
-            pieces.append(Piece(new, "notes"))
+            pieces.append(Piece(nbformat.v4.new_markdown_cell(_details_to_notes(block)), "notes"))
             continue
+        if not title:
+            block = for_slides(block)
+            stripped = block.strip()
+            if not stripped:
+                continue
+        new = nbformat.v4.new_markdown_cell(block)
         heading = re.match(r"(#{1,3}) (.*)", stripped)
         height = _markdown_height(block, notebook_dir)
         if heading and len(heading[1]) <= 2:
@@ -200,20 +376,25 @@ def _markdown_pieces(cell, notebook_dir: Path, title: bool) -> list[Piece]:
             new.source = "### " + stripped.strip("*").rstrip(":")
             pieces.append(Piece(new, "subslide", HEADING[3] + GAP, new.source[4:]))
         elif re.match(r"\*\*\d+\. ", stripped):  # an exercise: "**1. Predict** · ★☆☆ · 3 min. …"
-            title = re.match(r"\*\*(\d+\.[^*]*)\*\*((?:\s*·\s*[^·.]+?)*)\.\s+", stripped)
-            if title:  # its name, difficulty and time become the sub-slide's heading
-                heading = f"Exercise {title[1].strip()}{title[2]}"
-                start = nbformat.v4.new_markdown_cell(f"### {heading}")
-                pieces.append(Piece(start, "subslide", _markdown_height(start.source, notebook_dir), heading))
-                new.source = stripped[title.end():]
-                pieces.append(Piece(new, "flow", _markdown_height(new.source, notebook_dir)))
-            else:
-                pieces.append(Piece(new, "subslide", height, "Exercise"))
+            match = re.match(r"\*\*(\d+\.[^*]*)\*\*((?:\s*·\s*[^·.]+?)*)\.\s+", stripped)
+            name = f"Exercise {match[1].strip()}{match[2]}" if match else "Exercise"
+            start = nbformat.v4.new_markdown_cell(f"### {name}")
+            start.metadata["tags"] = ["slides-exercise"]
+            pieces.append(Piece(start, "flow", _markdown_height(start.source, notebook_dir), keep=True, soft=True))
+            new.source = stripped[match.end():] if match else stripped
+            pieces.append(Piece(new, "flow", _markdown_height(new.source, notebook_dir), keep=new.source.endswith(":")))
         elif title and re.match(r"<img|!\[", stripped):
             new.metadata["tags"] = ["slides-aside"]  # floats right of the title and the promise
             pieces.append(Piece(new, "flow", 0))
+        elif re.match(r"([*-]|\d+\.) ", stripped) and height > BUDGET // 3 and not title:
+            for item in _list_items(block):  # a long list: one piece per item, so that it can continue
+                pieces.append(Piece(nbformat.v4.new_markdown_cell(item), "flow", _markdown_height(item, notebook_dir),
+                                    keep=item.rstrip().endswith(":")))
         else:
-            pieces.append(Piece(new, "flow", height))
+            if re.match(r"\*\*Your turn\*\*", stripped):
+                new.metadata["tags"] = ["slides-task"]
+                height += TASK_PADDING
+            pieces.append(Piece(new, "flow", height, keep=stripped.endswith(":")))
     if title:  # one cell: the diagram first, floating right of the heading and the promise
         asides = [p for p in pieces if p.cell.metadata.get("tags") == ["slides-aside"]]
         rest = [p for p in pieces if p not in asides]
@@ -222,7 +403,7 @@ def _markdown_pieces(cell, notebook_dir: Path, title: bool) -> list[Piece]:
             first = rest[0]
             first.cell.source = "\n\n".join([asides[0].cell.source] + [p.cell.source for p in rest[:end]])
             first.cell.metadata["tags"] = ["slides-title"]
-            first.height = HEIGHT  # the slide is full
+            first.height = BUDGET  # the slide is full
             pieces = [first] + rest[end:]
     return pieces
 
@@ -269,30 +450,89 @@ def _is_figure(output) -> bool:
     return any(key.startswith("image/") for key in output.get("data", {}))
 
 
-def _png_size(output) -> tuple[int, int]:
-    png = base64.b64decode(output["data"]["image/png"])
-    return struct.unpack(">II", png[16:24])
+def _png(output) -> bytes:
+    return base64.b64decode(output["data"]["image/png"])
 
 
-def _fit_figures(outputs: list, max_height: int) -> int:
-    """Size each saved figure for the slide: up to 1.5 times its saved size, at most ``max_height`` tall and
-    ``FIGURE_MAX_WIDTH`` wide (the template writes the size into the <img>); return the outputs' height."""
-    for output in outputs:
-        if "image/png" in output.get("data", {}):
-            width, height = _png_size(output)
-            scale = min(1.5, max_height / height, FIGURE_MAX_WIDTH / width)
-            output.setdefault("metadata", {})["image/png"] = {"width": round(width * scale),
-                                                              "height": round(height * scale)}
-    return _outputs_height(outputs)
+def _png_info(png: bytes) -> tuple[int, int, float]:
+    """Width, height and dots per inch (100 where the PNG does not say) of a PNG."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as image:
+        dpi = image.info.get("dpi", (100, 100))[0] or 100
+        return image.width, image.height, float(dpi)
+
+
+# The text sizes in a figure, read from the code that drew it: matplotlib's default, or any fontsize it sets,
+# following the calls into the notebook's functions and nbtools.plotting's (an `if annotate:` block counts only
+# when the call passes annotate=True).
+_FONT_KEYWORDS = {"fontsize", "size", "labelsize", "title_fontsize"}
+
+
+def _plotting_functions() -> dict[str, ast.FunctionDef]:
+    tree = ast.parse((Path(__file__).parent / "plotting.py").read_text(encoding="utf-8"))
+    return {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+
+def smallest_font_pt(source: str, functions: dict[str, ast.FunctionDef]) -> float:
+    """The smallest font size (points) the code of a cell draws text with."""
+    tree = web._parse(source)
+    sizes = [DEFAULT_FONT_PT]
+    if tree is None:
+        return DEFAULT_FONT_PT
+    everything = {**_plotting_functions(), **functions}
+    seen: set[str] = set()
+
+    def size_of(node: ast.AST) -> float | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return float(node.value)
+        if isinstance(node, ast.Constant) and node.value in NAMED_FONT_SIZES:
+            return DEFAULT_FONT_PT * NAMED_FONT_SIZES[node.value]
+        return None
+
+    def visit(nodes: list[ast.AST], bound: dict[str, object], depth: int) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id in bound:
+                visit(node.body if bound[node.test.id] else node.orelse, bound, depth)
+                continue
+            for child in ast.iter_child_nodes(node):
+                visit([child], bound, depth)
+            if not isinstance(node, ast.Call):
+                continue
+            for keyword in node.keywords:
+                if keyword.arg in _FONT_KEYWORDS:
+                    size = size_of(keyword.value)
+                    if size is not None:
+                        sizes.append(size)
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            targets = [name] + [a.id for a in node.args if isinstance(a, ast.Name)]
+            for target in targets:
+                definition = everything.get(target)
+                if definition is None or depth >= 4 or (target, depth) in seen:
+                    continue
+                seen.add((target, depth))
+                arguments = definition.args
+                names = [a.arg for a in arguments.args + arguments.kwonlyargs]
+                defaults = dict(zip([a.arg for a in arguments.args][::-1], arguments.defaults[::-1]))
+                defaults.update({a.arg: d for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None})
+                values = {n: (d.value if isinstance(d, ast.Constant) else True) for n, d in defaults.items()}
+                values.update({k.arg: (k.value.value if isinstance(k.value, ast.Constant) else True)
+                               for k in node.keywords if k.arg in names})
+                visit(definition.body, values, depth + 1)
+
+    visit(tree.body, {}, 0)
+    return min(sizes)
 
 
 def _cut_text(outputs: list) -> list:
-    """Merge the printed output (where it first appears) and keep its first OUTPUT_LINES lines."""
+    """Merge the printed output (where it first appears) and keep its first OUTPUT_LINES lines; no stderr."""
     kept, text, at = [], [], None
     for output in outputs:
         if output.output_type == "stream" and output.name == "stdout":
             at = len(kept) if at is None else at
             text.append(output.text)
+        elif output.output_type == "stream":
+            continue
         else:
             kept.append(output)
     lines = "".join(text).splitlines()
@@ -306,55 +546,476 @@ def _cut_text(outputs: list) -> list:
 
 
 def _outputs_height(outputs: list) -> int:
-    height = 0
+    """The height of the outputs that are not PNG figures."""
+    height = 0.0
     for output in outputs:
+        data = output.get("data", {})
         if output.output_type == "stream":
-            height += OUTPUT[0] * _rows(output.text, OUTPUT[1]) + 10
-        elif "image/png" in output.get("data", {}):
-            size = output.get("metadata", {}).get("image/png", {})
-            height += size.get("height", _png_size(output)[1]) + 12
+            height += OUTPUT[0] * _rows(output.text, OUTPUT[1]) + 12
+        elif "image/png" in data:
+            continue
         elif _is_figure(output):
-            height += FIGURE_MAX_HEIGHT
-        elif "text/html" in output.get("data", {}):
-            height += NOTE_HEIGHT
+            height += 400
+        elif "text/html" in data:
+            rows = "".join(data["text/html"]).count("<tr")
+            height += 34 * rows + 12 if rows else NOTE_HEIGHT
         else:
-            height += OUTPUT[0] * _rows("".join(output.get("data", {}).get("text/plain", "")), OUTPUT[1])
-    return height
+            height += OUTPUT[0] * _rows("".join(data.get("text/plain", "")), OUTPUT[1]) + 12
+    return int(height)
+
+
+def _code_height(source: str) -> int:
+    return int(CODE[0] * _rows(source, CODE[1])) + CODE_PADDING + GAP
 
 
 def _code_cell(source: str, outputs: list, hide_source: bool = False):
     cell = nbformat.v4.new_code_cell(source, outputs=outputs)
-    if hide_source:
+    if hide_source or not source.strip():
         cell.metadata["transient"] = {"remove_source": True}
     return cell
 
 
-def _code_pieces(cell, section: str) -> list[Piece]:
+def _solution_notes(source: str, label: str = "Solution") -> Piece:
+    code = web.without_markers(source).replace("#| export\n", "", 1)
+    return Piece(nbformat.v4.new_markdown_cell(f"**{label}**\n\n```python\n{code}\n```"), "notes")
+
+
+def _is_check(source: str) -> bool:
+    """A learner check: imports from the checks and calls them, nothing else drawn."""
+    return "transformer_from_scratch.checks" in source and re.search(r"\bcheck_\w+\(", source) is not None
+
+
+def _is_magic_only(source: str) -> bool:
+    lines = [line for line in source.splitlines() if line.strip() and not line.strip().startswith("#")]
+    return bool(lines) and all(line.lstrip().startswith(("%", "!")) for line in lines)
+
+
+def _code_pieces(cell, section: str, functions: dict, solutions: bool, previous: Piece | None) -> list[Piece]:
     source = cell.source.strip()
-    if section == "## Exercises" or "export_notebook(" in source:
+    if section == "## Exercises":
+        return [_solution_notes(source)] if solutions and web.has_solution(source) else []
+    if "export_notebook(" in source:
         return []
     if source.startswith("#| export"):
         shape = outline(source)
-        if not shape:
-            return []
-        return [Piece(_code_cell(shape, []), "flow", CODE[0] * _rows(shape, CODE[1]) + CODE_PADDING + GAP)]
+        notes = [_solution_notes(source, "The class, in full")] if solutions else []
+        return ([Piece(_code_cell(shape, []), "flow", _code_height(shape))] if shape else []) + notes
+    notes = [_solution_notes(source)] if solutions and web.has_solution(source) else []
+    shown = web.stubbed(source)
     outputs = _cut_text(copy.deepcopy(cell.get("outputs", [])))
-    short = len(source.splitlines()) <= CODE_LINES
-    code_height = CODE[0] * _rows(source, CODE[1]) + CODE_PADDING + GAP
-    if any(_is_figure(output) for output in outputs):
-        return [Piece(_code_cell(source, outputs, hide_source=not short), "figure",
-                      code_height=code_height if short else 0)]
+    if not outputs and _is_magic_only(source):
+        return []
+    short = len(shown.splitlines()) <= CODE_LINES and not _is_check(source)
+    pngs = [o for o in outputs if "image/png" in o.get("data", {})]
+    if pngs:
+        font = smallest_font_pt(source, functions)
+        figures = []
+        for output in pngs:
+            width, height, dpi = _png_info(_png(output))
+            figures.append(Figure(output, width, height, font * dpi / 72, dpi))
+        code = _code_height(shown) if short else 0
+        others = [o for o in outputs if o not in pngs]
+        suptitles, _ = web.figure_titles(source, functions)
+        title = suptitles[0] if len(suptitles) == 1 and "…" not in suptitles[0] else None
+        return _figure_pieces(_code_cell(shown, outputs, hide_source=not short), figures, code,
+                              _outputs_height(others), title) + notes
+    out_height = _outputs_height(outputs)
+    if short and outputs and _code_height(shown) + out_height > SWAP_ABOVE:
+        # Tall: the code, then its output below it or, where the page is short of room, in its place.
+        return [Piece(_code_cell(shown, outputs), "figure", out_height, code_height=_code_height(shown))] + notes
     if short:
-        return [Piece(_code_cell(source, outputs), "flow", code_height + _outputs_height(outputs))]
-    return []
+        return [Piece(_code_cell(shown, outputs), "flow", _code_height(shown) + out_height)] + notes
+    if outputs:
+        return [Piece(_code_cell(shown, outputs, hide_source=True), "flow", out_height + GAP)] + notes
+    announced = previous is not None and previous.is_prose and previous.cell.source.rstrip().endswith(":")
+    shape = outline(shown) if announced else None
+    return ([Piece(_code_cell(shape, []), "flow", _code_height(shape))] if shape else []) + notes
 
 
-# --- Putting the pieces on slides ---------------------------------------------------------------------
+# --- Figures for the room -----------------------------------------------------------------------------
+
+def _ink(png: bytes):
+    """A boolean array, True where the PNG has ink (not white, not transparent)."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as image:
+        rgba = np.asarray(image.convert("RGBA"), dtype=np.int16)
+    return (rgba[..., 3] > 16) & (rgba[..., :3].min(axis=2) < 245)
+
+
+def _runs(mask) -> list[tuple[int, int]]:
+    """[start, end) of each run of True."""
+    runs, start = [], None
+    for i, value in enumerate(list(mask) + [False]):
+        if value and start is None:
+            start = i
+        elif not value and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def panels(png: bytes) -> tuple[tuple[int, int] | None, list[tuple[int, int]], tuple[int, int]]:
+    """Where a figure's panels are: (its title band's rows or None, each panel's columns, the panels' rows).
+
+    Each run of ink at least MIN_PANEL_WIDTH wide (below the title) is a panel's axes; the narrower runs between
+    two of them (tick labels, a colorbar, a rotated axis label) part at the widest gap.
+    """
+    ink = _ink(png)
+    height, width = ink.shape
+    bands = _runs(ink.any(axis=1))
+    title = None
+    top = bands[0][0] if bands else 0
+    if len(bands) > 1 and bands[0][1] - bands[0][0] < 0.15 * height:
+        title = bands[0]
+        top = bands[1][0]
+    bottom = bands[-1][1] if bands else height
+    runs = _runs(ink[top:bottom].any(axis=0))
+    anchors = [i for i, (a, b) in enumerate(runs) if b - a >= MIN_PANEL_WIDTH]  # the axes
+    if len(anchors) < 2:
+        return title, [(runs[0][0], runs[-1][1])] if runs else [(0, width)], (top, bottom)
+    # Between two axes, the panels part at the widest gap (a colorbar's label and the next panel's axis label
+    # sit closer to their own axes than to each other).
+    cuts = []
+    for left, right in zip(anchors, anchors[1:]):
+        gaps = [(runs[k + 1][0] - runs[k][1], k) for k in range(left, right)]
+        cuts.append(max(gaps)[1])
+    columns = []
+    start_run = 0
+    for cut in cuts:
+        columns.append((runs[start_run][0], runs[cut][1]))
+        start_run = cut + 1
+    columns.append((runs[start_run][0], runs[-1][1]))
+    return title, columns, (top, bottom)
+
+
+def _crop(png: bytes, box: tuple[int, int, int, int], pad: int = 4) -> bytes:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as image:
+        left, top, right, bottom = box
+        box = (max(0, left - pad), max(0, top - pad), min(image.width, right + pad), min(image.height, bottom + pad))
+        part = image.crop(box)
+        buffer = io.BytesIO()
+        part.save(buffer, format="PNG", dpi=image.info.get("dpi", (100, 100)))
+        return buffer.getvalue()
+
+
+def _image_output(png: bytes, original) -> nbformat.NotebookNode:
+    output = nbformat.v4.new_output("display_data", data={"image/png": base64.b64encode(png).decode(),
+                                                          "text/plain": "<Figure>"})
+    output.metadata = copy.deepcopy(original.get("metadata", {}))
+    output.metadata.pop("image/png", None)
+    return output
+
+
+def _rows_of_panels(figure: Figure, caption: bool = False) -> list[list[Figure]] | None:
+    """The figure cut into rows of its panels, as many in a row as fit at about the scale its text needs; None
+    when it has one panel or reads well enough whole."""
+    needed = MIN_TEXT_PX / figure.text_px
+    whole = min(needed, FIGURE_MAX_WIDTH / figure.width, TITLE_FIGURE_ROOM / figure.height)
+    default_px = DEFAULT_FONT_PT * figure.dpi / 72
+    if whole * figure.text_px >= SPLIT_BELOW_PX and whole * default_px >= SPLIT_DEFAULT_BELOW_PX:
+        return None
+    png = _png(figure.output)
+    title, columns, (top, bottom) = panels(png)
+    if len(columns) < 2:
+        return None
+    title_height = title[1] - title[0] + 8 if title else 0
+    for per_row in range(len(columns) - 1, 0, -1):
+        rows = math.ceil(len(columns) / per_row)
+        per_row = math.ceil(len(columns) / rows)  # even rows: 4 panels as 2 + 2, not 3 + 1
+        groups = [columns[i:i + per_row] for i in range(0, len(columns), per_row)]
+        widest = max(group[-1][1] - group[0][0] for group in groups)
+        scale = min(needed, FIGURE_MAX_WIDTH / widest, TITLE_FIGURE_ROOM / (bottom - top + title_height))
+        if scale >= ROW_SCALE * needed or per_row == 1:
+            break
+    result = []
+    for n, group in enumerate(groups):
+        parts = []
+        if n == 0 and title is not None and not caption:  # the title as an image, when no caption replaces it
+            strip = _crop(png, (0, title[0], figure.width, title[1]))
+            w, h, _ = _png_info(strip)
+            # The title band is text of its own (matplotlib's suptitle is 12 pt): it may shrink to fit the width.
+            parts.append(Figure(_image_output(strip, figure.output), w, h, figure.text_px * 1.2, figure.dpi))
+        cut = _crop(png, (group[0][0], top, group[-1][1], bottom))
+        w, h, _ = _png_info(cut)
+        parts.append(Figure(_image_output(cut, figure.output), w, h, figure.text_px, figure.dpi))
+        result.append(parts)
+    return result
+
+
+def _figure_pieces(cell, figures: list[Figure], code_height: int, others_height: int,
+                   title: str | None = None) -> list[Piece]:
+    """A code cell with figures as one piece, or, when a figure has to be cut into rows of panels, one piece per
+    row (the code, when shown, and the other outputs go with the first and the last). A figure cut into rows
+    loses its title band when its ``title`` is known: the title becomes a caption above the rows, as text that
+    wraps (a title as wide as four panels would be tiny as an image)."""
+    split = [(figure, _rows_of_panels(figure, caption=title is not None)) for figure in figures]
+    if not any(rows for _, rows in split):
+        return [Piece(cell, "figure", others_height, figures=figures, code_height=code_height)]
+    pieces: list[Piece] = []
+    if title is not None:
+        caption = nbformat.v4.new_markdown_cell(f'<p class="course-figure-title">{html.escape(title)}</p>')
+        lines = math.ceil(len(title) / CAPTION[1])
+        pieces.append(Piece(caption, "flow", int(CAPTION[0] * lines) + GAP, keep=True))
+    outputs = list(cell.outputs)
+    current: list = []  # outputs of the piece being built
+    current_figures: list[Figure] = []
+
+    def flush(first: bool) -> None:
+        nonlocal current, current_figures
+        if not current:
+            return
+        piece_cell = _code_cell(cell.source if first else "", current,
+                                hide_source=first and cell.metadata.get("transient", {}).get("remove_source", False))
+        if not first:
+            piece_cell.metadata["transient"] = {"remove_source": True}
+        fixed = _outputs_height([o for o in current if "image/png" not in o.get("data", {})])
+        pieces.append(Piece(piece_cell, "figure", fixed, figures=current_figures,
+                            code_height=code_height if first else 0))
+        current, current_figures = [], []
+
+    rows_for = {id(figure.output): rows for figure, rows in split}
+    for output in outputs:
+        rows = rows_for.get(id(output))
+        figure = next((f for f, _ in split if f.output is output), None)
+        if figure is None:
+            current.append(output)
+        elif rows is None:
+            current.append(output)
+            current_figures.append(figure)
+        else:
+            for row in rows:
+                current += [part.output for part in row]
+                current_figures += row
+                flush(not pieces)
+    flush(not pieces)
+    return pieces
+
+
+# --- Pages --------------------------------------------------------------------------------------------
 
 def _continued(heading: str) -> Piece:
     heading = re.sub(r"\s*\(continued\)$", "", heading)
     cell = nbformat.v4.new_markdown_cell(f"### {heading} (continued)" if heading else "")
+    cell.metadata["tags"] = ["slides-continued"]
     return Piece(cell, "subslide", HEADING[3] + GAP, heading)
+
+
+def _fit(items: list[Piece], room: float) -> tuple[float, float, float]:
+    """How a page's items fit in ``room``: (height used, room left, shrink). Each figure takes the largest scale
+    that fits, never less than its text needs (``Figure.min_scale``) unless the page cannot hold it: then
+    ``shrink`` < 1 is the factor all its figures are shrunk by below that, and the room left is negative."""
+    fixed = sum(p.height for p in items)
+    figures = [f for p in items for f in p.figures]
+    codes = sum(p.code_height for p in items if p.kind == "figure")
+    minimum = sum(f.height * f.min_scale for f in figures)
+    margins = IMAGE_MARGIN * len(figures)
+    left = room - fixed - minimum - margins - codes  # each figure's code above it
+    if left < 0:  # the code shows first, then the figure takes its place: only what exceeds the figure counts
+        left = room - fixed - minimum - margins - _swap_extra(items)
+    if left < 0:
+        return room - left, left, max(0.0, (minimum + left) / minimum) if minimum else 0.0
+    growth = sum(f.height * (f.max_scale - f.min_scale) for f in figures)
+    grow = min(left, growth)
+    return room - left + grow, left - grow, 1.0
+
+
+def _room(items: list[Piece], heading_height: int) -> tuple[float, bool]:
+    """The height a page's items may fill below its heading, and whether it ends on a figure that may go lower."""
+    shown = [p for p in items if p.kind != "notes"]
+    last = shown[-1] if shown else None
+    ends_on_figure = (last is not None and last.kind == "figure" and bool(last.figures)
+                      and "image/png" in last.cell.outputs[-1].get("data", {}))
+    clear = ends_on_figure and all(f.width * f.min_scale <= CLEAR_WIDTH for f in last.figures)
+    bonus = FIGURE_BOTTOM if clear else WIDE_BOTTOM if ends_on_figure else 0
+    return BUDGET - heading_height + bonus, clear
+
+
+def _swap_extra(items: list[Piece]) -> float:
+    """How much taller the figures' code is than the figures (at their text's size) it is swapped with."""
+    return sum(max(0.0, p.code_height - sum(f.height * f.min_scale for f in p.figures) - p.height)
+               for p in items if p.kind == "figure")
+
+
+def _page_cost(items: list[Piece], heading_height: int, end_break: Piece | None, first_page: bool,
+               free_merge: bool) -> float:
+    room, _ = _room(items, heading_height)
+    used, left, shrink = _fit(items, room)
+    used = min(used, room) + heading_height
+    cost = PAGE_COST + (CONTINUED_COST if heading_height else 0)
+    if left < -2:
+        if shrink < MIN_SHRINK and len(items) > 1:
+            cost += OVERFULL_COST
+        else:
+            cost += SHRINK_COST * (1 - shrink) * 100
+        left = 0
+    cost += SLACK_COST * (max(0.0, left) / 100) ** 2
+    content = used - heading_height - sum(p.height for p in items if p.kind in ("slide", "subslide"))
+    if content < NEAR_EMPTY and not any(p.kind == "figure" for p in items):
+        cost += NEAR_EMPTY_COST * (2.5 if content <= 0 else 1)  # a title alone is the worst
+    last = items[-1] if items else None
+    at_boundary = end_break is None or end_break.kind in ("slide", "subslide")
+    if last is not None and end_break is not None and not (at_boundary or end_break.soft):
+        if last.keep:
+            cost += COLON_COST if last.is_prose else KEEP_COST
+        elif last.is_prose and end_break.is_code:
+            cost += SPLIT_PROSE_COST
+    elif last is not None and last.keep and end_break is None:
+        cost += KEEP_COST / 10  # the section ends on a colon: rewritten, but better not
+    merged = [p for k, p in enumerate(items) if k and p.kind == "subslide"]
+    if first_page and merged:  # the section's first part may start on the section's page, and continue after it
+        cost += 0 if free_merge else MERGE_COST / 3
+        merged = merged[1:]
+    cost += MERGE_COST * len(merged)
+    if merged and not at_boundary:  # a later part that shares a page is on it in full
+        cost += KEEP_COST
+    return cost
+
+
+def paginate(pieces: list[Piece]) -> list[list[Piece]]:
+    """Cut one ## section into pages (sub-slides) at the cheapest breaks (``_page_cost``), by dynamic programming.
+
+    ``pieces[0]`` is the section's heading; notes stay with the piece before them. A page starts at a ### heading,
+    at an exercise's heading or anywhere else as a "(continued)" page; the ## heading may share its page with the
+    ### right after it.
+    """
+    # Notes travel with the piece before them.
+    units: list[list[Piece]] = []
+    for piece in pieces:
+        if piece.kind == "notes" and units:
+            units[-1].append(piece)
+        else:
+            units.append([piece])
+    n = len(units)
+    best = [math.inf] * (n + 1)
+    choice = [0] * (n + 1)
+    best[0] = 0.0
+    heading = [""] * n
+    current = ""
+    for i, unit in enumerate(units):
+        if unit[0].kind in ("slide", "subslide"):
+            current = unit[0].heading
+        heading[i] = current
+    for i in range(n):
+        if best[i] == math.inf:
+            continue
+        starts = units[i][0].kind in ("slide", "subslide")
+        head = 0 if starts else _continued(heading[i]).height
+        for j in range(i + 1, n + 1):
+            items = [p for unit in units[i:j] for p in unit if p.kind != "notes"]
+            # The "## X" heading right before "### Y" shares its page for free.
+            free = i == 0 and len(items) > 1 and items[1].kind == "subslide" and items[0].kind == "slide"
+            cost = _page_cost(items, head, units[j][0] if j < n else None, i == 0, free)
+            if best[i] + cost < best[j]:
+                best[j] = best[i] + cost
+                choice[j] = i
+            if cost >= OVERFULL_COST:
+                break
+    pages = []
+    j = n
+    while j > 0:
+        i = choice[j]
+        pages.append([p for unit in units[i:j] for p in unit])
+        j = i
+    return pages[::-1]
+
+
+def _fragment_cells(page: list[Piece], heading_height: int) -> list[nbformat.NotebookNode]:
+    """The cells of one page with their slide types (the first is set by the caller): figures sized as ``_fit``
+    says, their code and figure one fragment each, and what follows a figure a fragment too."""
+    room, clear = _room(page, heading_height)
+    shown = [p for p in page if p.kind != "notes"]
+    figures = [f for p in shown for f in p.figures]
+    fixed = sum(p.height for p in shown)
+    codes = sum(p.code_height for p in shown if p.kind == "figure")
+    minimum = sum(f.height * f.min_scale for f in figures)
+    margins = IMAGE_MARGIN * len(figures)
+    together = room - fixed - minimum - margins - codes >= 0
+    if figures:
+        left = room - fixed - minimum - margins - (codes if together else _swap_extra(shown))
+        growth = sum(f.height * (f.max_scale - f.min_scale) for f in figures)
+        if left >= 0:
+            t = min(1.0, left / growth) if growth else 0.0
+            scales = {id(f): f.min_scale + t * (f.max_scale - f.min_scale) for f in figures}
+        else:  # the page cannot hold them at their text's size: shrink them all alike
+            shrink = max(0.2, (minimum + left) / minimum)
+            scales = {id(f): f.min_scale * shrink for f in figures}
+        for f in figures:
+            scale = min(scales[id(f)], CLEAR_WIDTH / f.width) if clear else scales[id(f)]
+            f.output.setdefault("metadata", {})["image/png"] = {"width": round(f.width * scale),
+                                                                "height": round(f.height * scale)}
+            f.output.metadata.setdefault("course", {})["text_px"] = round(f.text_px, 2)
+    cells = []
+    after_figure = False
+    for piece in page:
+        cell = piece.cell
+        if os.environ.get("COURSE_SLIDES_ESTIMATES") and piece.kind != "notes":
+            estimate = piece.height + sum(IMAGE_MARGIN + o.metadata["image/png"]["height"] for o in
+                                          (f.output for f in piece.figures))
+            if piece.kind == "figure":
+                estimate += piece.code_height if together else _swap_extra([piece])
+            cell.metadata.setdefault("tags", []).append(f"est-{round(estimate)}-{piece.kind}")
+        if piece.kind == "notes":
+            cell.metadata["slideshow"] = {"slide_type": "notes"}
+        elif piece.kind == "figure":
+            mode = "figure" if not piece.code_height else ("together" if together else "swap")
+            cell.metadata["slides_figure"] = mode
+            cell.metadata["slideshow"] = {"slide_type": "fragment" if after_figure else "-"}
+            after_figure = after_figure or mode != "figure"
+        else:
+            cell.metadata["slideshow"] = {"slide_type": "fragment" if after_figure else "-"}
+        cells.append(cell)
+    return cells
+
+
+def _unend_colon(page: list[Piece]) -> None:
+    """A page that still ends on a colon (what followed is not on the slide) ends on a full stop."""
+    shown = [p for p in page if p.kind != "notes"]
+    if shown and shown[-1].is_prose and shown[-1].cell.source.rstrip().endswith(":"):
+        shown[-1].cell.source = shown[-1].cell.source.rstrip()[:-1] + "."
+
+
+def layout(pieces: list[Piece]) -> list[nbformat.NotebookNode]:
+    """Give each piece its slide type: each ## section paginated (``paginate``), its pages as sub-slides."""
+    cells: list[nbformat.NotebookNode] = []
+    sections: list[list[Piece]] = []
+    for piece in pieces:
+        if piece.kind == "slide" or not sections:
+            sections.append([])
+        sections[-1].append(piece)
+    for section in sections:
+        for page in paginate(section):
+            _unend_colon(page)
+            first = page[0]
+            if first.kind in ("slide", "subslide"):
+                page_cells = _fragment_cells(page, 0)
+                page_cells[0].metadata["slideshow"] = {"slide_type": first.kind}
+                start_cell, head = page_cells[0], 0
+            else:
+                start = _continued(_heading_before(section, first))
+                if first.cell.metadata.get("course_appendix"):
+                    start.cell.metadata["course_appendix"] = True
+                cells.append(_set(start, "subslide"))
+                page_cells = _fragment_cells(page, start.height)
+                start_cell, head = start.cell, start.height
+            if os.environ.get("COURSE_SLIDES_ESTIMATES"):  # for calibrating the heights against a browser
+                used, _, _ = _fit([p for p in page if p.kind != "notes"], _room(page, head)[0])
+                start_cell.metadata["slideshow"]["data"] = {"estimate": str(round(used + head))}
+            cells += page_cells
+    return cells
+
+
+def _heading_before(section: list[Piece], piece: Piece) -> str:
+    heading = ""
+    for p in section:
+        if p is piece:
+            break
+        if p.kind in ("slide", "subslide"):
+            heading = p.heading
+    return heading
 
 
 def _set(piece: Piece, slide_type: str) -> nbformat.NotebookNode:
@@ -362,104 +1023,153 @@ def _set(piece: Piece, slide_type: str) -> nbformat.NotebookNode:
     return piece.cell
 
 
-def _place_figure(piece: Piece, room: int) -> tuple[str, int] | None:
-    """How a code cell and its figure fit in ``room`` pixels: "together" (the code, then the figure below it),
-    "swap" (the code, then the figure in its place), "figure" (no code); None when they do not fit."""
-    outputs = piece.cell.outputs
-    code = piece.code_height
-    for mode, min_figure in (("together", 340), ("swap", 300)) if code else (("figure", 300),):
-        pngs = [output for output in outputs if "image/png" in output.get("data", {})]
-        text = _outputs_height([output for output in outputs if output not in pngs])
-        left = room - (code if mode == "together" else 0) - GAP - text
-        max_height = min(FIGURE_MAX_HEIGHT, left // max(1, len(pngs)) - 12)
-        if max_height < min_figure or (mode == "swap" and code > room):
-            continue
-        height = _fit_figures(outputs, max_height) + GAP
-        return mode, (code + height if mode == "together" else max(code, height))
-    return None
-
-
-def layout(pieces: list[Piece]) -> list[nbformat.NotebookNode]:
-    """Give each piece its slide type: slides and sub-slides where the notebook starts them, fragments for
-    figures (and what follows them), and continuation sub-slides where a sub-slide is full."""
-    cells: list[nbformat.NotebookNode] = []
-    used, heading, fragments = 0, "", False
-    last_heading = None  # the cell of the last "##" (or title) that started a slide
-
-    def new_subslide(start: Piece, kind: str) -> None:
-        nonlocal used, heading, fragments
-        cells.append(_set(start, kind))
-        used, heading, fragments = start.height, start.heading or heading, False
-
-    i = 0
-    while i < len(pieces):
-        piece = pieces[i]
-        i += 1
-        if piece.kind == "notes":
-            cells.append(_set(piece, "notes"))
-        elif piece.kind == "subslide" and cells and cells[-1] is last_heading and used + piece.height <= BUDGET:
-            cells.append(_set(piece, "-"))  # "## Section" right before "### First part": one slide, both headings
-            used += piece.height
-            heading = piece.heading
-        elif piece.kind in ("slide", "subslide"):
-            new_subslide(piece, piece.kind)
-            last_heading = piece.cell if piece.kind == "slide" else None
-        elif piece.kind == "figure":
-            placed = _place_figure(piece, BUDGET - used)
-            if placed is None and used > _continued(heading).height:
-                new_subslide(_continued(heading), "subslide")
-            placed = placed or _place_figure(piece, BUDGET - used)
-            if placed is None:  # taller than any slide: shown at most FIGURE_MAX_HEIGHT tall, reveal.js scales
-                _fit_figures(piece.cell.outputs, FIGURE_MAX_HEIGHT)
-                placed = ("swap" if piece.code_height else "figure"), BUDGET
-            mode, height = placed
-            piece.cell.metadata["slides_figure"] = mode
-            cells.append(_set(piece, "fragment" if fragments else "-"))
-            used += height
-            fragments = fragments or mode != "figure"
-        else:
-            after = pieces[i] if i < len(pieces) else None
-            keep = 0  # prose right before code stays with it ("keep with next")
-            if piece.cell.cell_type == "markdown" and after is not None and after.cell.cell_type == "code":
-                keep = max(after.code_height, 300 + GAP) if after.kind == "figure" else after.height
-            fresh = BUDGET - _continued(heading).height
-            if used > _continued(heading).height and (used + piece.height > BUDGET or (
-                    used + piece.height + keep > BUDGET and piece.height + keep <= fresh)):
-                new_subslide(_continued(heading), "subslide")
-            cells.append(_set(piece, "fragment" if fragments else "-"))
-            used += piece.height
-    return cells
-
-
 class DeriveSlides(Preprocessor):
     """Set every cell's ``slideshow.slide_type`` from the notebook's structure (on a copy of it)."""
+
+    solutions = Bool(False, help="put the solutions' code into the speaker notes (the instructor's decks)").tag(config=True)
 
     def preprocess(self, nb, resources):
         nb = copy.deepcopy(nb)
         notebook_dir = Path(resources.get("metadata", {}).get("path") or REPO / "notebooks")
-        pieces: list[Piece] = []
-        section = ""
+        functions = web.definitions(nb)
+        lecture: list[Piece] = []
+        appendix: dict[str, list[Piece]] = {}
+        section = part = ""
         for index, cell in enumerate(nb.cells):
+            if "guided-only" in cell.metadata.get("tags", []):
+                continue  # the note on how to start the workshop: for a reader of the guided notebook alone
             if cell.cell_type == "markdown":
-                h2 = [line for line in cell.source.splitlines() if line.startswith("## ")]
-                if h2:
-                    section = h2[-1].strip() if not h2[-1].startswith("## Why") else "## Why"
+                for line in cell.source.splitlines():
+                    if line.startswith("## "):
+                        section = line.strip() if not line.startswith("## Why") else "## Why"
+                        part = ""
+                    elif line.startswith("### "):
+                        part = line.strip()
                 if section in SKIPPED_SECTIONS:
                     continue
+                following = nb.cells[index + 1] if index + 1 < len(nb.cells) else None
+                if following is not None and following.cell_type == "code" and "export_notebook(" in following.source \
+                        and not re.search(r"^#", cell.source, re.MULTILINE):
+                    continue  # the sentence that introduces the export cell
                 source = rewrite_links(cell.source, lambda target: notebook_link(target, ".slides.html"))
-                pieces += _markdown_pieces(nbformat.v4.new_markdown_cell(source), notebook_dir, title=index == 0)
+                new = _markdown_pieces(nbformat.v4.new_markdown_cell(source), notebook_dir, title=index == 0)
             elif cell.cell_type == "code" and section not in SKIPPED_SECTIONS:
-                pieces += _code_pieces(cell, section)
+                previous = next((p for p in reversed(lecture) if p.kind != "notes"), None)
+                new = _code_pieces(cell, section, functions, self.solutions, previous)
+            else:
+                continue
+            for piece in new:
+                if cell.cell_type == "code" and piece.kind != "notes":
+                    piece.cell.metadata["course_source"] = index  # which notebook cell it shows (for the tests)
+            if section in APPENDIX_SECTIONS:
+                appendix.setdefault(section, []).extend(new)
+            elif part in APPENDIX_PARTS:
+                appendix.setdefault(part, []).extend(new)
+            else:
+                lecture.extend(new)
+        pieces = lecture + _appendix(appendix)
+        _orphaned_colons(pieces)
         nb.cells = layout(pieces)
         return nb, resources
 
 
-def exporter() -> SlidesExporter:
-    return SlidesExporter(
+def _orphaned_colons(pieces: list[Piece]) -> None:
+    """A paragraph that ends with a colon announces what follows it: code, a figure, a list, a table or maths. When
+    what it announced is not on the slides (a definition left out, a cell with no output), it ends on a full stop
+    and is free to end a page."""
+    shown = [p for p in pieces if p.kind != "notes"]
+    for piece, after in zip(shown, shown[1:] + [None]):
+        if not (piece.is_prose and piece.keep):
+            continue
+        source = after.cell.source.lstrip() if after is not None else ""
+        announced = after is not None and (after.is_code or (after.is_prose and re.match(r"([*-] |\d+\. |\||\$\$|<img|!\[)", source)))
+        if not announced:
+            piece.keep = False
+            piece.cell.source = piece.cell.source.rstrip()[:-1] + "."
+
+
+def _appendix(parts: dict[str, list[Piece]]) -> list[Piece]:
+    """One ## slide "Appendix · Verify" holding the moved parts: the checks first, then Verify's content."""
+    if not parts:
+        return []
+    order = [key for key in parts if key.startswith("### ")] + [key for key in parts if key.startswith("## ")]
+    names = [re.sub(r"^#+ ", "", key) for key in parts if key.startswith("## ")] or ["Checks"]
+    heading = nbformat.v4.new_markdown_cell(f"## {APPENDIX_PREFIX}{' · '.join(names)}")
+    pieces = [Piece(heading, "slide", HEADING[2] + GAP, heading.source[3:])]
+    for key in order:
+        for piece in parts[key]:
+            if piece.kind == "slide":  # the section's own heading: the appendix has one
+                continue
+            pieces.append(piece)
+    for piece in pieces:
+        piece.cell.metadata["course_appendix"] = True
+    return pieces
+
+
+class AppendixData(Preprocessor):
+    """Mark the appendix's slides uncounted (reveal.js leaves them out of the slide numbers and the progress bar)."""
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.metadata.pop("course_appendix", False):
+            slideshow = cell.metadata.setdefault("slideshow", {})
+            if slideshow.get("slide_type") in ("slide", "subslide"):
+                slideshow.setdefault("data", {}).update({"visibility": "uncounted", "appendix": "true"})
+        return cell, resources
+
+
+# --- Code that wraps keeps its indentation ------------------------------------------------------------
+
+_TAG = re.compile(r"(<[^>]+>)")
+
+
+def hanging_lines(highlighted: str) -> str:
+    """Each line of a highlighted code block as a block of its own whose wrapped part stays indented: the line's
+    leading spaces become a left padding (CSS ``--indent``), and a continuation is indented 4 more."""
+    match = re.search(r"(<pre[^>]*>)(.*?)(</pre>)", highlighted, re.DOTALL)
+    if not match:
+        return highlighted
+    body = match[2]
+    lines: list[str] = []
+    current = ""
+    open_tags: list[str] = []
+    for token in _TAG.split(body):
+        if not token:
+            continue
+        if token.startswith("<"):
+            if token.startswith("</"):
+                if open_tags:
+                    open_tags.pop()
+            elif not token.endswith("/>"):
+                open_tags.append(token)
+            current += token
+            continue
+        parts = token.split("\n")
+        for k, part in enumerate(parts):
+            if k:
+                current += "</span>" * len(open_tags)
+                lines.append(current)
+                current = "".join(open_tags)
+            current += part
+    lines.append(current)
+    if lines and not re.sub(r"<[^>]+>", "", lines[-1]).strip():
+        lines.pop()
+    out = []
+    for line in lines:
+        text = html.unescape(re.sub(r"<[^>]+>", "", line))
+        indent = len(text) - len(text.lstrip(" "))
+        stripped = re.sub(r"^((?:<[^>]+>)*) {%d}" % indent, r"\1", line) if indent else line
+        if indent and stripped == line:  # the spaces are split by tags: leave the line as it is
+            indent = 0
+        out.append(f'<span class="course-line" style="--indent:{indent}ch">{stripped or " "}</span>')
+    return highlighted[:match.start(2)] + "".join(out) + highlighted[match.end(2):]
+
+
+def exporter(solutions: bool = False) -> SlidesExporter:
+    slides = SlidesExporter(
         template_name="course_slides",
         extra_template_basedirs=[str(TEMPLATES)],
         extra_template_paths=[str(TEMPLATES)],
-        preprocessors=[WidgetNote(), DeriveSlides()],
+        preprocessors=[WidgetNote(), FigureAlt(), DeriveSlides(solutions=solutions), AppendixData()],
         exclude_input_prompt=True,
         exclude_output_prompt=True,
         reveal_url_prefix="assets/reveal.js",
@@ -467,22 +1177,25 @@ def exporter() -> SlidesExporter:
         reveal_width=str(WIDTH),
         reveal_height=str(HEIGHT),
     )
+    slides.register_filter("hanging_lines", hanging_lines)
+    return slides
 
 
-def deck(path: Path, slides: SlidesExporter | None = None) -> str:
+def deck(path: Path, slides: SlidesExporter | None = None, solutions: bool = False) -> str:
     """The HTML of the deck for the notebook at ``path`` (it expects assets/ and images/ beside it)."""
     page = Page.of(path)
     nb = nbformat.read(path, as_version=4)
-    resources = {"metadata": {"name": path.stem, "path": str(path.parent)}, "course": {"title": page.short}}
-    body, _ = (slides or exporter()).from_notebook_node(nb, resources=resources)
+    resources = {"metadata": {"name": path.stem, "path": str(path.parent)},
+                 "course": {"title": page.short, "page": f"{path.stem}.html"}}
+    body, _ = (slides or exporter(solutions)).from_notebook_node(nb, resources=resources)
     return body
 
 
-def build(paths: list[Path], out: Path = DEFAULT_OUT) -> list[Path]:
+def build(paths: list[Path], out: Path = DEFAULT_OUT, solutions: bool = False) -> list[Path]:
     """Write one deck per notebook into ``out`` (and the assets beside them); return the decks' paths."""
     out.mkdir(parents=True, exist_ok=True)
     copy_assets(out, reveal=True, css="slides.css")
-    slides = exporter()
+    slides = exporter(solutions)
     written = []
     for path in paths:
         target = out / f"{path.stem}.slides.html"
@@ -495,13 +1208,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m transformer_from_scratch.nbtools.slides",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="*", type=Path, help="guided notebooks (default: all of them)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the decks go (default: build/slides)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where the decks go (default: build/slides, or build/slides-instructor with --solutions)")
+    parser.add_argument("--solutions", action="store_true",
+                        help="the instructor's decks: the solutions' code in the speaker notes")
     args = parser.parse_args(argv)
+    out = (args.out or (INSTRUCTOR_OUT if args.solutions else DEFAULT_OUT)).resolve()
     paths = [p.resolve() for p in args.notebooks] or notebooks()
-    for deck in build(paths, args.out.resolve()):
-        print(f"wrote {deck}")
-    print(f"Open a deck in a browser (offline is fine): {args.out / (paths[0].stem + '.slides.html')}; "
-          "press ? for the keys, S for the speaker notes.")
+    for written in build(paths, out, args.solutions):
+        print(f"wrote {written}")
+    print(f"Open a deck in a browser (offline is fine): {out / (paths[0].stem + '.slides.html')}; "
+          "press ? for the keys, S for the speaker notes." +
+          (" The speaker notes hold the solutions: do not publish these decks." if args.solutions else ""))
     return 0
 
 

@@ -18,7 +18,8 @@ notebook to its new home:
   module also says how to continue with the course's version), so an unwritten stub met from a later
   notebook says what to do.
 * Relative links to images and files outside ``notebooks/`` get one more ``../``.
-* A note under the title says how to work, and the export cell says how to continue with the
+* The guided edition's note on how to start the workshop (a cell tagged ``guided-only``) is left out, and a
+  note under the title says how to work, and the export cell says how to continue with the
   reference when stuck: ``export_notebook("01_linear.ipynb", reference=True)``.
 
 A learner's work is never overwritten: ``.generated.json`` records a hash of every file as it was
@@ -50,6 +51,8 @@ REPO = Path(__file__).resolve().parents[3]
 DEFAULT_OUT = REPO / "notebooks" / "student"
 MANIFEST = ".generated.json"
 CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"  # ClearSolutions' stub; StudentEdition names it
+# A cell with this tag is for the guided edition alone (the note that says how to start the workshop).
+GUIDED_ONLY = "guided-only"
 # What my_transformer re-exports besides the components: the switch for the run-time shape checks.
 TOOLING_EXPORTS = {"shapes": ["set_shape_checks", "shape_checks", "shape_checks_enabled"]}
 
@@ -88,6 +91,7 @@ class StudentEdition(Preprocessor):
     notebook_name = Unicode(help="the notebook's file name, e.g. 01_linear.ipynb").tag(config=True)
 
     def preprocess(self, nb, resources):
+        nb.cells = [cell for cell in nb.cells if GUIDED_ONLY not in cell.metadata.get("tags", [])]
         section = ""
         for cell in nb.cells:
             if cell.cell_type == "markdown":

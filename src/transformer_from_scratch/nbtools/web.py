@@ -8,10 +8,17 @@
 * ``rewrite_links``: a notebook's ``../images/…`` and ``NN_x.ipynb`` links, pointed at the generated pages.
 * ``WidgetNote``: a saved widget view (the controls of ``interactive_figure``) means nothing without a
   kernel; it becomes a one-line note naming the controls, above the default figure that follows it.
+* ``FigureAlt``: each stored figure's alt text is its title, read from the code that drew it
+  (``suptitle``, ``set_title``, a helper's ``title=``, through the notebook's own functions).
+* ``notebook_css``: JupyterLab's notebook CSS and the code colours, which nbconvert would copy into every page,
+  written once as ``assets/notebook.css``.
+* The solutions: ``SOLUTION_BEGIN`` / ``SOLUTION_END`` (nbgrader's markers), ``without_markers`` and
+  ``solution_regions`` for the decks and the site, which by default show none of what a learner writes.
 """
 
 from __future__ import annotations
 
+import ast
 import html
 import re
 import shutil
@@ -103,10 +110,55 @@ def _copy(source: Path, target: Path) -> None:
         _copy_file(source, target)
 
 
-def copy_assets(out: Path, *, reveal: bool, css: str) -> None:
-    """Put beside the pages in ``out``: MathJax (and with ``reveal``, reveal.js) under ``assets/``, ``css``
-    (a file in ``templates/static/``) as ``assets/<css>``, and the course's diagrams under ``images/``."""
+def _lab_static(name: str) -> str:
+    """A CSS file of nbconvert's ``lab`` template (what it would inline into every page)."""
+    from jupyter_core.paths import jupyter_path
+
+    for base in jupyter_path("nbconvert", "templates"):
+        path = Path(base) / "lab" / "static" / name
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    raise SystemExit(f"nbconvert's lab template is not installed (no lab/static/{name}): reinstall nbconvert")
+
+
+# What nbconvert's lab template adds after its CSS files (a <style> block in every page).
+_LAB_EXTRA_CSS = """
+a.anchor-link { display: none; }
+.jp-InputArea { overflow: hidden; }
+.jp-InputArea-editor { overflow: hidden; }
+.cm-editor.cm-s-jupyter .highlight pre {
+  padding: var(--jp-code-padding) 4px; margin: 0;
+  font-family: inherit; font-size: inherit; line-height: inherit; color: inherit;
+}
+.jp-OutputArea-output pre { line-height: inherit; font-family: inherit; }
+.jp-RenderedText pre { color: var(--jp-content-font-color1); font-size: var(--jp-code-font-size); }
+.jp-Collapser { display: none; }
+"""
+
+
+def notebook_css() -> str:
+    """JupyterLab's notebook look (nbconvert's lab CSS, light theme) and the code colours (Pygments), as one file."""
+    from pygments.formatters import HtmlFormatter
+
+    return "\n".join([
+        "/* JupyterLab's notebook CSS as nbconvert's lab template ships it (BSD-3-Clause, Project Jupyter), the light",
+        "   theme, and Pygments' default colours: shared by every page and deck, written by nbtools/web.py. */",
+        _lab_static("index.css"), _lab_static("theme-light.css"), _LAB_EXTRA_CSS,
+        HtmlFormatter(style="default").get_style_defs(".highlight"), ""])
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def copy_assets(out: Path, *, reveal: bool, css: str | list[str]) -> None:
+    """Put beside the pages in ``out``: MathJax (and with ``reveal``, reveal.js) under ``assets/``, the notebook CSS
+    as ``assets/notebook.css``, ``css`` (files in ``templates/static/``) as ``assets/<css>``, and the course's
+    diagrams under ``images/``."""
     assets = out / "assets"
+    _write_if_changed(assets / "notebook.css", notebook_css())
     source = mathjax_source()
     for name in MATHJAX_FILES:
         _copy(source / name, assets / "mathjax" / name)
@@ -114,7 +166,8 @@ def copy_assets(out: Path, *, reveal: bool, css: str) -> None:
         source = reveal_source()
         for name in REVEAL_FILES:
             _copy(source / name, assets / "reveal.js" / name)
-    _copy(TEMPLATES / "static" / css, assets / css)
+    for name in [css] if isinstance(css, str) else css:
+        _copy(TEMPLATES / "static" / name, assets / name)
     for image in sorted((REPO / "images").glob("*")):
         if image.suffix in {".svg", ".png"}:
             _copy(image, out / "images" / image.name)
@@ -163,3 +216,158 @@ class WidgetNote(Preprocessor):
                         "Here, the figure for their default values.</p>")
                 cell.outputs[i] = nbformat.v4.new_output("display_data", data={"text/html": note})
         return cell, resources
+
+
+# --- Figures' alt text --------------------------------------------------------------------------------------
+
+def _parse(source: str) -> ast.Module | None:
+    """A code cell's source as Python (IPython's %magics and !commands blanked), or None."""
+    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+    try:
+        return ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+
+
+def definitions(nb) -> dict[str, ast.FunctionDef]:
+    """The functions the notebook's code cells define (a later definition wins), by name."""
+    found: dict[str, ast.FunctionDef] = {}
+    for cell in nb.cells:
+        tree = _parse(cell.source) if cell.cell_type == "code" else None
+        for node in (tree.body if tree else []):
+            if isinstance(node, ast.FunctionDef):
+                found[node.name] = node
+    return found
+
+
+def _constants(tree: ast.AST) -> dict[str, object]:
+    """Names the code assigns a constant to (``d = 64``, ``a, b = 1024, 512``), for titles written as f-strings."""
+    values: dict[str, object] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            pairs = [(target, value)]
+            if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
+                pairs = list(zip(target.elts, value.elts))
+            for name, constant in pairs:
+                if isinstance(name, ast.Name) and isinstance(constant, ast.Constant):
+                    values[name.id] = constant.value
+    return values
+
+
+def _text(node: ast.AST, values: dict[str, object]) -> str | None:
+    """A title argument as text: a string, or an f-string whose unknown parts become "…"."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        parts = []
+        for part in node.values:
+            if isinstance(part, ast.Constant):
+                parts.append(str(part.value))
+            elif isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name) \
+                    and part.value.id in values and part.format_spec is None and part.conversion == -1:
+                parts.append(str(values[part.value.id]))
+            else:
+                parts.append("…")
+        return "".join(parts)
+    return None
+
+
+def figure_titles(source: str, functions: dict[str, ast.FunctionDef]) -> tuple[list[str], list[str]]:
+    """The titles a code cell gives its figures, as (``suptitle``s, every ``set_title`` / ``title`` / ``title=``),
+    following the calls into the notebook's own functions."""
+    tree = _parse(source)
+    if tree is None:
+        return [], []
+    values = _constants(tree)
+    main: list[str] = []
+    other: list[str] = []
+    seen: set[str] = set()
+
+    def follow(name: str, depth: int) -> None:
+        if name in functions and name not in seen and depth < 4:
+            seen.add(name)
+            visit(functions[name], depth + 1)
+
+    def visit(node: ast.AST, depth: int) -> None:
+        for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+            name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+            if name in ("suptitle", "set_title", "title") and call.args:
+                text = _text(call.args[0], values)
+                if text:
+                    (main if name == "suptitle" else other).append(text)
+            for keyword in call.keywords if name != "legend" else ():
+                if keyword.arg == "title":
+                    text = _text(keyword.value, values)
+                    if text:
+                        other.append(text)
+            follow(name, depth)
+            for argument in call.args:  # interactive_figure(draw, ...): the drawing function is an argument
+                if isinstance(argument, ast.Name):
+                    follow(argument.id, depth)
+
+    visit(tree, 0)
+    return main, other
+
+
+def _informative(title: str) -> bool:
+    """False for a title that is mostly the parts only known when it runs ("head …: …")."""
+    known = re.sub(r"…|[^\w]", "", title)
+    return len(known) >= 12 or (len(known) >= 4 and "…" not in title)
+
+
+def figure_alt(source: str, functions: dict[str, ast.FunctionDef], fallback: str) -> str:
+    """The alt text of a cell's figures: its suptitle, else its panels' titles; ``fallback`` when it has none."""
+    main, other = figure_titles(source, functions)
+    titles = [t for t in dict.fromkeys(main or other) if _informative(t)]
+    text = "; ".join(titles[:6]) or fallback
+    return re.sub(r"\$([^$]*)\$", r"\1", text).strip()  # matplotlib's TeX: $\sigma$ reads as \sigma
+
+
+class FigureAlt(Preprocessor):
+    """Give every stored figure its title as alt text (``output.metadata.course.alt``, which the templates write)."""
+
+    def preprocess(self, nb, resources):
+        functions = definitions(nb)
+        heading = ""
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                found = re.findall(r"^#{1,3} (.+)$", cell.source, re.MULTILINE)
+                heading = found[-1].strip() if found else heading
+                continue
+            if cell.cell_type != "code":
+                continue
+            images = [o for o in cell.get("outputs", []) if any(k.startswith("image/") for k in o.get("data", {}))]
+            if images:
+                alt = figure_alt(cell.source, functions, f"Figure: {heading}" if heading else "Figure")
+                for output in images:
+                    output.setdefault("metadata", {}).setdefault("course", {})["alt"] = alt
+        return nb, resources
+
+
+# --- Solutions ----------------------------------------------------------------------------------------------
+
+SOLUTION_BEGIN = "### BEGIN SOLUTION"
+SOLUTION_END = "### END SOLUTION"
+_REGION = re.compile(rf"^([ \t]*){re.escape(SOLUTION_BEGIN)}[ \t]*\n(.*?)^[ \t]*{re.escape(SOLUTION_END)}[ \t]*(?:\n|$)",
+                     re.MULTILINE | re.DOTALL)
+
+
+def has_solution(source: str) -> bool:
+    return SOLUTION_BEGIN in source
+
+
+def without_markers(source: str) -> str:
+    """The code with its solutions and without the marker lines (the instructor's view)."""
+    return "\n".join(line for line in source.split("\n")
+                     if line.strip() not in (SOLUTION_BEGIN, SOLUTION_END)).rstrip()
+
+
+def stubbed(source: str, stub: str = "...") -> str:
+    """The code with each solution region replaced by ``stub`` at the region's indentation (the learner's view)."""
+    return _REGION.sub(lambda m: f"{m[1]}{stub}\n", source).rstrip()
+
+
+def solution_lines(source: str) -> list[str]:
+    """The lines inside the solution regions of ``source``, stripped, blank ones left out."""
+    return [line.strip() for match in _REGION.finditer(source) for line in match[2].splitlines() if line.strip()]
