@@ -171,6 +171,32 @@ def test_cells_that_do_not_compile_are_refused(demo):
     assert module.read_text() == before
 
 
+def test_a_step_left_outside_the_export_cells_is_named_before_a_later_notebook_meets_it(demo):
+    """The class calls a helper from a cell that is not exported: fine in its notebook, NameError in the next."""
+    notebook, module = demo
+    export_notebook(notebook, quiet=True)
+    before = module.read_text()
+    edit_cell(notebook, 1, "def halve(x):\n    return x / 2")
+    edit_cell(notebook, 4, "#| export\nclass Twice:\n    def __call__(self, x):\n        return 4 * halve(x) + math.pi * 0")
+    with pytest.raises(ExportError, match=r"use halve, defined in no '#\| export' cell") as error:
+        export_notebook(notebook)
+    assert "Move the definition into an '#| export' cell" in str(error.value)
+    assert module.read_text() == before
+    edit_cell(notebook, 4, "#| export\ndef halve(x):\n    return x / 2\n\nclass Twice:\n"
+                           "    def __call__(self, x):\n        return 4 * halve(x)")
+    export_notebook(notebook, quiet=True)
+    assert "def halve" in module.read_text()
+
+
+@pytest.mark.parametrize("source, names", [
+    ("import math\nclass A:\n    size = LIMIT\n    def f(self, x: Tensor):\n        return math.sqrt(x) + helper(x)", ["LIMIT", "Tensor", "helper"]),
+    ("def f(x):\n    y = [i for i in range(x)]\n    return sum(y), len(y), isinstance(x, int)", []),
+    ("def f(x):\n    def g():\n        return x + TOP\n    return g\nTOP = 1", []),
+])
+def test_undefined_names_are_the_free_globals(source, names):
+    assert export.undefined_names(source) == names
+
+
 def test_a_notebook_without_export_cells_is_an_error(tmp_path):
     notebook = make_repo(tmp_path, [("code", "x = 1")])
     with pytest.raises(ExportError, match="nothing to export"):

@@ -63,6 +63,18 @@ def test_every_solution_region_becomes_a_stub(edition, notebook):
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_the_guided_notebook_says_how_to_start_the_workshop_and_the_student_edition_does_not(edition, notebook):
+    out, _, _, _ = edition
+    def notes(path):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        return ["".join(cell["source"]) for cell in cells if "guided-only" in cell["metadata"].get("tags", [])]
+    guided = notes(notebook)
+    assert len(guided) == 1 and "make workshop" in guided[0] and f"student/{notebook.name}" in guided[0]
+    assert notes(out / notebook.name) == []
+    assert "make workshop" not in (out / notebook.name).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_signatures_and_docstrings_stay(edition, notebook):
     out, _, _, _ = edition
     student = "\n".join(_code(out / notebook.name))
@@ -78,7 +90,8 @@ def test_components_come_from_the_learners_package(edition, notebook):
     out, _, _, _ = edition
     for source in _code(out / notebook.name):
         for match in re.finditer(r"from transformer_from_scratch(\.\w+)? import", source):
-            assert match.group(1) in (".checks", ".shapes", ".nbtools.export", ".nbtools.interactive", ".nbtools.helpers",
+            # .reference: the built-in oracle the Verify sections compare with, never a component the learner writes
+            assert match.group(1) in (".checks", ".shapes", ".reference", ".nbtools.export", ".nbtools.interactive", ".nbtools.helpers",
                                       ".nbtools.plotting"), f"{match.group(0)}: a component from the reference"
     markdown = json.loads((out / notebook.name).read_text(encoding="utf-8"))["cells"]
     for cell in markdown:

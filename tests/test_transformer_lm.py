@@ -23,7 +23,7 @@ GPT2 = {"small": (12, 768, 12, 3072), "medium": (24, 1024, 16, 4096), "large": (
 
 
 def spec_names(num_layers):
-    """SPEC.md's state-dict names, in order."""
+    """The state-dict names of CONTRACT.md, in order."""
     return (["token_embeddings.weight"] + [f"layers.{i}.{name}" for i in range(num_layers) for name in BLOCK_NAMES]
             + ["ln_final.weight", "lm_head.weight"])
 
@@ -256,6 +256,18 @@ def test_top_p_keeps_the_smallest_set_that_reaches_p(p):
         assert base[row][kept].sum() - base[row][kept].min() < p             # and not one token more
         assert base[row][kept].min() >= torch.cat([base[row][~kept], torch.zeros(1)]).max()  # the most likely
         torch.testing.assert_close(probs[row][kept], base[row][kept] / base[row][kept].sum())
+
+
+def test_top_p_renormalises_what_it_keeps():
+    # Probabilities 0.5, 0.25, 0.125, 0.0625, 0.0625 (exact in binary): top_p = 0.7 keeps 0.5 and 0.25 (0.5 alone falls
+    # short of 0.7, 0.75 reaches it), and renormalised they are 2/3 and 1/3, not 0.5 and 0.25.
+    probs = torch.tensor([0.125, 0.5, 0.0625, 0.25, 0.0625], dtype=torch.float64)
+    kept = next_token_distribution(probs.log(), top_p=0.7)
+    assert torch.equal(kept > 0, torch.tensor([False, True, False, True, False]))
+    torch.testing.assert_close(kept, torch.tensor([0, 2 / 3, 0, 1 / 3, 0], dtype=torch.float64))
+    batch = next_token_distribution(torch.randn(5, 30, generator=torch.Generator().manual_seed(0)), top_p=0.5)
+    torch.testing.assert_close(batch.sum(-1), torch.ones(5))       # every row sums to 1 again, on its own
+    assert ((batch > 0).sum(-1) < 30).all()
 
 
 def test_filters_off():

@@ -10,7 +10,6 @@ fresh kernels of the project's Python, as JupyterLab would.
 import difflib
 import io
 import json
-import os
 import re
 import tokenize
 from pathlib import Path
@@ -34,10 +33,6 @@ SIMILAR = 0.8
 # Lines this short say nothing about the solution: `)`, `return p`, `break`, `else:`.
 MIN_LINE = 12
 MIN_STEPS = 3  # learner-written, self-checked steps in each notebook's Build it step by step
-# Notebooks still being rewritten as workshops (issue 18); this set only shrinks. WORKSHOP_ALL=1 tests them all.
-NOT_YET = set() if os.environ.get("WORKSHOP_ALL") else {"02_embedding.ipynb", "03_softmax.ipynb", "04_rmsnorm.ipynb", "05_attention.ipynb", "06_rope.ipynb",
-           "07_swiglu.ipynb", "08_multihead_attention.ipynb", "09_transformer_block.ipynb", "10_transformer_lm.ipynb"}
-WORKSHOPS = [nb for nb in NOTEBOOKS if nb.name not in NOT_YET]
 
 
 def _cells(path: Path) -> list[dict]:
@@ -95,7 +90,7 @@ def shown_elsewhere(notebook: Path) -> tuple[list[str], list[str]]:
     return solution, shown
 
 
-@pytest.mark.parametrize("notebook", WORKSHOPS, ids=lambda p: p.name)
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_the_final_class_is_not_shown_outside_its_stubs(notebook):
     solution, shown = shown_elsewhere(notebook)
     assert solution, "no solution lines found in the final class"
@@ -104,7 +99,7 @@ def test_the_final_class_is_not_shown_outside_its_stubs(notebook):
         f"edition (at most {MAX_SHOWN:.0%}): " + " | ".join(shown))
 
 
-@pytest.mark.parametrize("notebook", WORKSHOPS, ids=lambda p: p.name)
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_the_learner_writes_the_steps_and_each_is_checked(notebook):
     """In Build it step by step, each solution region is a step the learner writes, checked in the next code cell
     by a step check (transformer_from_scratch.checks.steps), never by a bare assert."""
@@ -165,8 +160,7 @@ def test_run_all_works_from_01_to_10_on_the_learners_own_package(written_edition
         errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
         assert not errors, f"{name}: {errors[0]}"
         printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-        if name not in NOT_YET:
-            assert printed.count("✓ ") >= 1 + MIN_STEPS, f"{name}: the step checks and the class check did not all pass"
+        assert printed.count("✓ ") >= 1 + MIN_STEPS, f"{name}: the step checks and the class check did not all pass"
     for module in (out / STUDENT_PACKAGE).glob("*.py"):
         text = module.read_text(encoding="utf-8")
         if module.name != "__init__.py":

@@ -1,6 +1,6 @@
 # Generated from notebooks/02_embedding.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: a6cd3c080adabe18365970e7d6fb6fc6391d7ddf94aedccd96b7f34bb1fe082a
+# body-sha256: 255cf5e95f6ada09061335e50a90f88320239609aaa2f57b6b253de1d029e3af
 
 import torch
 from jaxtyping import Float, Shaped
@@ -25,7 +25,9 @@ def _checked_ids(token_ids: Tensor, num_embeddings: int) -> Tensor:
             f"Embedding expects integer token ids (e.g. torch.long), got a tensor of dtype {token_ids.dtype}{hint}"
         )
     ids = token_ids.long()  # int64 holds every id, and int64 in square brackets always means "ids"
-    if ids.numel() > 0 and not torch.compiler.is_compiling():  # skipped when compiled: no branching on values
+    if torch.compiler.is_compiling():  # a branch on the ids' values would break the graph
+        return ids
+    if ids.numel() > 0:
         low, high = torch.stack(torch.aminmax(ids)).tolist()  # one read-back from the device
         if low < 0 or high >= num_embeddings:
             n_bad = int(((ids < 0) | (ids >= num_embeddings)).sum())

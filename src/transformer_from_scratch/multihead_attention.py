@@ -1,6 +1,6 @@
 # Generated from notebooks/08_multihead_attention.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 017214fff17e7299e05f52bffb1baad33c456d0674caea5c2bd67b2c3cd5c583
+# body-sha256: 1feea2e646507a880b4174a8a8e79377375d0bd94d85df83df0f4942bfc895b5
 
 import torch
 import torch.nn.functional as F
@@ -65,9 +65,8 @@ def _rotate_heads(
     The positions (..., seq) get a size-1 head axis, (..., 1, seq), so that they broadcast over the heads (and
     (batch, seq) positions are not lined up with the heads). None means 0, 1, …, seq - 1.
     """
-    if token_positions is None:
-        token_positions = torch.arange(q.shape[-2], device=q.device)
-    positions = token_positions.unsqueeze(-2)
+    positions = torch.arange(q.shape[-2], device=q.device) if token_positions is None else token_positions
+    positions = positions.unsqueeze(-2)  # (..., 1, seq): the same rotation for every head
     return rope(q, positions), rope(k, positions)
 
 

@@ -48,7 +48,7 @@ def rotate_by(x: Tensor, angles: Tensor) -> Tensor:
     Computed in x's dtype promoted to at least float32 (complex64, or complex128 for float64), returned in x's dtype.
     """
     compute = torch.promote_types(x.dtype, torch.float32)
-    pairs = torch.view_as_complex(x.to(compute).unflatten(-1, (-1, 2)).contiguous())
+    pairs = torch.view_as_complex(x.to(compute).unflatten(-1, (-1, 2)).clone(memory_format=torch.contiguous_format))
     factors = torch.polar(torch.ones_like(angles), angles).to(pairs.dtype)
     return torch.view_as_real(pairs * factors).flatten(-2).to(x.dtype)
 

@@ -1,6 +1,6 @@
 # Generated from notebooks/06_rope.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: b2801028749496d543e54b05d513d2ce9a89a3adea20a3cec18b4f141979d185
+# body-sha256: 82770227c3b3f51fbc5ba4a456d4024811f6e8948fafa26ae3184ac850ddd2d8
 
 import torch
 from jaxtyping import Float, Int
@@ -77,7 +77,8 @@ class RotaryPositionalEmbedding(nn.Module):
         sin = self.sin_table[token_positions].to(compute)
         # Pair k as the complex number x[2k] + i·x[2k+1]: the rotation by θ is one multiplication by cos θ + i·sin θ.
         pairs = x.to(compute).unflatten(-1, (-1, 2))  # (..., seq, d_k/2, 2): a view, no copy
-        if pairs.stride(-1) != 1 or any(s % 2 for s in pairs.stride()[:-1]):
-            pairs = pairs.contiguous()  # view_as_complex reads each pair as two neighbours in memory
+        if pairs.stride(-1) != 1 or any(s % 2 for s in pairs.stride()[:-1]) or (
+                not torch.compiler.is_compiling() and pairs.storage_offset() % 2):  # x[1:] of a flat tensor, say
+            pairs = pairs.clone(memory_format=torch.contiguous_format)  # view_as_complex: neighbours, even offset
         rotated = torch.view_as_complex(pairs) * torch.complex(cos, sin)
         return torch.view_as_real(rotated).flatten(-2).to(x.dtype)  # back to x[2k], x[2k+1], x's dtype

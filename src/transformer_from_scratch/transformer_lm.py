@@ -1,6 +1,6 @@
 # Generated from notebooks/10_transformer_lm.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 7fe13919ffddd1e261243769247932353e9304f535c905a7ec02c550d3ba6af4
+# body-sha256: 1ea088b125d5e5b6a204f2423fe35eea19b7d001990a440bcd2fedc2fdb5c6b2
 
 import torch
 from jaxtyping import Float, Int, Integer
@@ -46,7 +46,7 @@ class TransformerLM(nn.Module):
     TransformerBlock(d_model, num_heads, d_ff, context_length, rope_theta) -> ln_final, RMSNorm(d_model) ->
     lm_head, Linear(d_model, vocab_size). Row i of the output holds the logits of the token after position i,
     from tokens 0 … i only (the blocks are causal). Logits, not probabilities: the loss (cross-entropy) and
-    sampling start from them. The state dict holds exactly SPEC.md's names (token_embeddings.weight,
+    sampling start from them. The state dict holds exactly the names of CONTRACT.md (token_embeddings.weight,
     layers.{i}.ln1.weight, layers.{i}.attn.{q,k,v,output}_proj.weight, layers.{i}.ln2.weight,
     layers.{i}.ffn.{w1,w2,w3}.weight, ln_final.weight, lm_head.weight): no bias, lm_head not tied.
 
@@ -135,11 +135,11 @@ def next_token_distribution(logits: Float[Tensor, "*batch vocab"], temperature: 
     """The probabilities that generate draws the next token from, given the logits of the last position.
 
     temperature 0 is greedy: probability 1 on the largest logit (the first one, if tied). Otherwise, in this
-    order: divide the logits by temperature (< 1 sharpens the distribution, > 1 flattens it); top_k keeps the
-    k largest logits (and any tied with the k-th); softmax; top_p keeps the smallest set of most likely tokens
-    whose probabilities add up to at least top_p (always at least the most likely one) and renormalises. Every
-    token a filter drops gets probability exactly 0. None switches a filter off (as do top_k >= vocab and
-    top_p = 1). Works on any leading dimensions.
+    order: the softmax of the logits divided by temperature (< 1 sharpens the distribution, > 1 flattens it);
+    top_k keeps the k largest probabilities (and any tied with the k-th) and renormalises; top_p keeps the
+    smallest set of most likely tokens whose probabilities add up to at least top_p (always at least the most
+    likely one) and renormalises. Every token a filter drops gets probability exactly 0. None switches a
+    filter off (as do top_k >= vocab and top_p = 1). Works on any leading dimensions.
 
     Raises:
         ValueError: temperature < 0, top_k < 1, or top_p outside (0, 1].
@@ -148,16 +148,16 @@ def next_token_distribution(logits: Float[Tensor, "*batch vocab"], temperature: 
     if logits.ndim < 1 or not logits.is_floating_point():
         raise ValueError(f"next_token_distribution expects floating-point logits of shape (..., vocab), got shape "
                          f"{tuple(logits.shape)} and dtype {logits.dtype}")
-    if temperature == 0:
+    if temperature == 0:  # greedy: probability 1 on the first largest logit of each row
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
-    scaled = logits / temperature
+    probs = softmax(logits / temperature, dim=-1)
     if top_k is not None and top_k < logits.shape[-1]:
-        kth_largest = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
-        scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
-    probs = softmax(scaled, dim=-1)
+        kth_largest = torch.topk(probs, top_k, dim=-1).values[..., -1:]
+        probs = probs.masked_fill(probs < kth_largest, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
     if top_p is not None and top_p < 1:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # what the more likely tokens already cover
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # what the more likely tokens already hold
         drop = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, mass_before >= top_p)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)

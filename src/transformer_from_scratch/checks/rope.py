@@ -160,7 +160,7 @@ def _run(rope: nn.Module, x: Tensor, positions: Tensor) -> Tensor:
              "(the leading dimensions of token_positions broadcast against x's)")
     if out.dtype != x.dtype:
         fail(f"{what} returned {out.dtype} for a {x.dtype} input: multiplying by the float32 tables promoted it",
-             "cast the looked-up tables to x's dtype first, cos = self.cos_table[token_positions].to(x.dtype)")
+             "compute in x's dtype promoted with float32 (torch.promote_types) and cast the result back to x.dtype")
     return out
 
 

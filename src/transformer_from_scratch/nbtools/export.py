@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import hashlib
 import importlib
 import json
 import re
+import symtable
 import sys
 from pathlib import Path
 
@@ -122,6 +124,29 @@ def render(notebook: Path, sources: list[str], *, reference: bool = False) -> st
     return header + "\n" + body
 
 
+def undefined_names(text: str) -> list[str]:
+    """The global names that ``text``'s functions and classes read but that the module never binds (nor builtins).
+
+    A step written in a cell that is not exported (``rotate_pairs``) and called from the exported class works in its
+    notebook, whose namespace holds it, and fails in every later one: this finds it before the module is written."""
+    top = symtable.symtable(text, "<module>", "exec")
+    bound = {symbol.get_name() for symbol in top.get_symbols()
+             if symbol.is_assigned() or symbol.is_imported() or symbol.is_namespace()}
+    missing: set[str] = set()
+
+    def visit(table: symtable.SymbolTable) -> None:
+        for symbol in table.get_symbols():
+            name = symbol.get_name()
+            free = symbol.is_referenced() and (symbol.is_global() if table is not top else True)
+            if free and name not in bound and not hasattr(builtins, name):
+                missing.add(name)
+        for child in table.get_children():
+            visit(child)
+
+    visit(top)
+    return sorted(missing)
+
+
 def was_edited_by_hand(text: str) -> bool:
     """True when a module's body no longer matches the hash its header recorded (or it has no header)."""
     header, _, body = text.partition("\n\n")
@@ -159,6 +184,13 @@ def export_notebook(notebook: str | Path, *, force: bool = False, quiet: bool = 
             f"{notebook.name}: the '{MARKER}' cells do not compile ({error.msg}, line {error.lineno} of "
             f"{target.name}); {_relative(target)} was left as it was"
         ) from None
+    if not reference and (missing := undefined_names(text)):
+        raise ExportError(
+            f"{notebook.name}: the '{MARKER}' cells use {', '.join(missing)}, defined in no '{MARKER}' cell, so "
+            f"{target.name} would fail with NameError in the later notebooks (here the notebook's other cells hide "
+            f"it). Move the definition into an '{MARKER}' cell, or write that code inside the class; "
+            f"{_relative(target)} was left as it was"
+        )
     old = target.read_text(encoding="utf-8") if target.exists() else None
 
     status = "unchanged" if old == text else "written"
