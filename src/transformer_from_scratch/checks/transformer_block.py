@@ -28,7 +28,8 @@ _SHOWN = f"{_NAME}(d_model={_D}, num_heads={_HEADS}, d_ff={_DFF}, max_seq_len={_
 _PROJECTIONS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.output_proj")
 _EXPECTED = {"ln1.weight": (_D,), **{f"{name}.weight": (_D, _D) for name in _PROJECTIONS}, "ln2.weight": (_D,),
              "ffn.w1.weight": (_DFF, _D), "ffn.w2.weight": (_D, _DFF), "ffn.w3.weight": (_DFF, _D)}
-_RIGHT = "y = x + self.attn(self.ln1(x), token_positions); return y + self.ffn(self.ln2(y))"
+# The maths of the pre-norm block, as the notebook writes it (not the code: the learner writes that)
+_RIGHT = "y = x + attn(ln1(x)), then out = y + ffn(ln2(y))"
 _EPS = 1e-5
 
 
@@ -96,13 +97,13 @@ _VARIANTS = [
      f"add each sub-layer's output to its input: {_RIGHT}"),
     (dict(residual=(False, True)),
      "the attention sub-layer has no residual connection: y = attn(ln1(x)) drops x",
-     "add x back: y = x + self.attn(self.ln1(x), token_positions)"),
+     "add x back: y = x + attn(ln1(x))"),
     (dict(residual=(True, False)),
      "the feed-forward sub-layer has no residual connection (the final add is missing): out = ffn(ln2(y)) drops y",
-     "return y + self.ffn(self.ln2(y))"),
+     "add y back: out = y + ffn(ln2(y))"),
     (dict(ffn_reads="x"),
      "the feed-forward network reads x instead of y (out = y + ffn(ln2(x))), so it never sees what attention wrote",
-     "feed it the stream after attention: return y + self.ffn(self.ln2(y))"),
+     "feed it the stream after attention: out = y + ffn(ln2(y))"),
     (dict(norms=("ln2", "ln1")),
      "ln1 and ln2 are swapped: attention reads ln2(x) and the feed-forward network ln1(y)",
      "ln1 goes before attention and ln2 before the feed-forward network (checkpoints load each gain by name)"),
@@ -114,10 +115,10 @@ _VARIANTS = [
      "each sub-layer has its own norm: self.ln1 before attention, self.ln2 before the feed-forward network"),
     (dict(normed=(False, True)),
      "ln1 is not applied: attention reads the raw stream x",
-     "normalise what attention reads: y = x + self.attn(self.ln1(x), token_positions)"),
+     "normalise what attention reads: y = x + attn(ln1(x))"),
     (dict(normed=(True, False)),
      "ln2 is not applied: the feed-forward network reads the raw stream y",
-     "normalise what the feed-forward network reads: return y + self.ffn(self.ln2(y))"),
+     "normalise what the feed-forward network reads: out = y + ffn(ln2(y))"),
     (dict(causal=False),
      "the block's attention is not causal: an output depends on later tokens",
      "use MultiHeadSelfAttention (notebook 08), whose heads attend with a causal mask (check it with "
