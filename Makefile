@@ -19,7 +19,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_ARGS  ?=
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help setup lab workshop student test test-unit test-notebooks export check-export notebooks images bench clean
+.PHONY: help setup lab workshop student test test-unit test-notebooks export check-export notebooks images bench train sample clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -71,6 +71,12 @@ images: $(STAMP) ## Redraw the architecture diagrams in images/
 
 bench: $(STAMP) ## Benchmark against PyTorch's built-ins (BENCH_ARGS="--no-compile --no-notebooks" for a quick one)
 	$(BIN)/python -m transformer_from_scratch.benchmark $(BENCH_ARGS)
+
+train: $(STAMP) ## Train TransformerLM on the plays into build/train/ (~6 min on 2 free CPU cores) (TRAIN_ARGS="--resume", "--max-steps 50", ...)
+	$(BIN)/python -m transformer_from_scratch.train $(TRAIN_ARGS)
+
+sample: $(STAMP) ## Continue PROMPT="..." with the model of build/train/checkpoint.pt (SAMPLE_ARGS="--temperature 0.5 --top-k 10 --checkpoint ...")
+	$(BIN)/python -m transformer_from_scratch.train sample $(if $(PROMPT),--prompt "$(PROMPT)",) $(SAMPLE_ARGS)
 
 
 $(NPM_INSTALLED): package.json package-lock.json

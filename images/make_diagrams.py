@@ -8,6 +8,7 @@ highlighted:
 
     images/architecture.svg            nothing highlighted
     images/architecture_<key>.svg      key in KEYS below
+    images/training_loop.svg           one training step (notebook 11)
 
 Run it from the repository root with either of
 
@@ -422,6 +423,70 @@ def draw(highlight: str | None = None) -> Figure:
     return fig
 
 
+# ---------------------------------------------------------------------------
+# The training loop (notebook 11): its own picture, in the same style.  The
+# parts notebook 11 builds are lit; the model and autograd's backward pass,
+# built before or given by PyTorch, are plain.
+# ---------------------------------------------------------------------------
+
+LOOP_W, LOOP_H = 8.5, 4.9
+
+
+def draw_training_loop() -> Figure:
+    """One training step as a cycle of boxes, with the schedule and the checkpoints beside it."""
+    fig = Figure(figsize=(LOOP_W, LOOP_H), facecolor="white")
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, LOOP_W)
+    ax.set_ylim(0, LOOP_H)
+    ax.set_axis_off()
+    ax.set_facecolor("white")
+    cols, top, mid, low, w, h = (1.1, 3.2, 5.3, 7.4), 3.55, 2.0, 0.6, 1.95, 0.72
+    boxes = {  # name: (x, y, label, sub, built in notebook 11)
+        "data": (cols[0], top, "token file", "bytes, memory-mapped", True),
+        "batch": (cols[1], top, "get_batch", "inputs, targets", True),
+        "model": (cols[2], top, "TransformerLM", "notebooks 01-10", False),
+        "loss": (cols[3], top, "cross_entropy", "logits → one number", True),
+        "back": (cols[3], mid, "loss.backward()", "autograd", False),
+        "clip": (cols[2], mid, "gradient_clipping", "one global L2 norm", True),
+        "adamw": (cols[1], mid, "AdamW.step()", "m, v, decoupled decay", True),
+        "ckpt": (cols[0], mid, "save_checkpoint", "load_checkpoint", True),
+        "sched": (cols[1], low, "lr_cosine_schedule", "warm-up, then cosine", True),
+    }
+    for x, y, label, sub, lit in boxes.values():
+        st = HIGH if lit else PLAIN
+        pad = 0.08
+        ax.add_patch(FancyBboxPatch((x - w / 2 + pad, y - h / 2 + pad), w - 2 * pad, h - 2 * pad,
+                                    boxstyle=f"round,pad={pad}", fc=st["fill"], ec=st["edge"], lw=1.3, zorder=1))
+        text(ax, x, y + 0.12, label, st["text"])
+        text(ax, x, y - 0.15, sub, st["text"], FS_SMALL)
+
+    def side(name: str, where: str, dx: float = 0.0) -> tuple[float, float]:
+        x, y = boxes[name][:2]
+        return {"t": (x + dx, y + h / 2), "b": (x + dx, y - h / 2), "l": (x - w / 2, y), "r": (x + w / 2, y)}[where]
+
+    def arrow(points, dashed=False):
+        ax.add_patch(FancyArrowPatch(path=MplPath(points), arrowstyle="-|>", mutation_scale=13, color=ARROW,
+                                     lw=1.4, shrinkA=0, shrinkB=0, zorder=0.5, joinstyle="miter", capstyle="butt",
+                                     ls=(0, (4, 3)) if dashed else "-"))
+
+    arrow([side("data", "r"), side("batch", "l")])
+    arrow([side("batch", "r"), side("model", "l")])
+    arrow([side("model", "r"), side("loss", "l")])
+    arrow([side("loss", "b"), side("back", "t")])
+    arrow([side("back", "l"), side("clip", "r")])
+    arrow([side("clip", "l"), side("adamw", "r")])
+    arrow([side("sched", "t"), side("adamw", "b")])
+    arrow([side("adamw", "t", 0.45), side("model", "b", -0.45)])
+    arrow([side("adamw", "l"), side("ckpt", "r")], dashed=True)
+    for x, y, label in [(cols[1] + 0.08, (low + mid) / 2, "learning rate"),
+                        (cols[1] + 1.2, (mid + top) / 2 + 0.1, "new weights"),
+                        (cols[3] + 0.08, (mid + top) / 2, "gradients"),
+                        (cols[0] - 0.75, mid - 0.55, "every N steps")]:
+        text(ax, x, y, label, PLAIN["text"], FS_SMALL, ha="left", style="italic")
+    text(ax, LOOP_W / 2, LOOP_H - 0.38, "One training step: what notebook 11 builds (orange)", "#1f2328", FS_TITLE,
+         fontweight="bold")
+    return fig
+
 def main() -> None:
     # A fixed hash salt and no date make the SVGs byte-identical from run to run;
     # text is drawn as paths so the files look the same without the font installed.
@@ -432,6 +497,9 @@ def main() -> None:
             draw(key).savefig(OUT_DIR / name, format="svg", facecolor="white",
                               metadata={"Date": None})
             print(f"wrote {OUT_DIR / name}")
+        draw_training_loop().savefig(OUT_DIR / "training_loop.svg", format="svg", facecolor="white",
+                                     metadata={"Date": None})
+        print(f"wrote {OUT_DIR / 'training_loop.svg'}")
 
 
 if __name__ == "__main__":

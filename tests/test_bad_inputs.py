@@ -7,13 +7,18 @@ The second test, test_nothing_broadcasts_silently, takes the inputs that PyTorch
 formula) would broadcast without a word, and checks that ours refuse them, with the checks on and off.
 """
 
+import io
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from jaxtyping import TypeCheckError
 
 from transformer_from_scratch import (
+    AdamW,
     Embedding,
+    GPT2StyleLM,
     Linear,
     MultiHeadSelfAttention,
     RMSNorm,
@@ -22,13 +27,20 @@ from transformer_from_scratch import (
     TransformerBlock,
     TransformerLM,
     count_resources,
+    cross_entropy,
     generate,
+    get_batch,
+    gradient_clipping,
+    load_checkpoint,
+    lr_cosine_schedule,
     next_token_distribution,
+    save_checkpoint,
     scaled_dot_product_attention,
     shape_checks,
     silu,
     softmax,
     swiglu_hidden_size,
+    tokenize_file,
 )
 
 # Small sizes, all different, so that a message naming the wrong size cannot pass by accident.
@@ -361,7 +373,69 @@ CASES = [
          Raises(ValueError, "num_heads=0")),
     case("count_resources-vocab-size-0", lambda: count_resources(0, 8, 16, 1, 4, 32),
          Raises(ValueError, "vocab_size=0")),
+    # ---- training (notebook 11): logits (2, 3, 5) unless stated -----------------------------------------------
+    case("cross_entropy-targets-of-another-shape", lambda: cross_entropy(randn(2, 3, 5), torch.zeros(2, 4, dtype=torch.long)),
+         TCE("cross_entropy: targets is i64[2,4]", "'*batch'"),
+         Raises(ValueError, "leading shape (2, 3)", "targets of shape (2, 4)")),
+    case("cross_entropy-target-equal-to-vocab", lambda: cross_entropy(randn(2, 3, 5), torch.full((2, 3), 5)),
+         Raises(ValueError, "[0, 4]", "vocab=5", "from 5 to 5")),
+    case("cross_entropy-negative-target", lambda: cross_entropy(randn(4, 5), torch.tensor([0, -1, 2, 3])),
+         Raises(ValueError, "[0, 4]", "from -1 to 3")),
+    case("cross_entropy-float-targets", lambda: cross_entropy(randn(4, 5), torch.zeros(4)),
+         TCE("targets is f32[4]", "Integer[Tensor, '*batch']"),
+         Raises(TypeError, "integer class ids", "torch.float32")),
+    case("cross_entropy-integer-logits", lambda: cross_entropy(torch.zeros(4, 5, dtype=torch.long), torch.zeros(4, dtype=torch.long)),
+         TCE("inputs is i64[4,5]", "Float[Tensor, '*batch vocab']"),
+         Raises(TypeError, "floating-point logits", "torch.int64")),
+    case("AdamW-negative-lr", lambda: AdamW(Linear(4, 3).parameters(), lr=-1.0),
+         Raises(ValueError, "lr must be >= 0", "got -1.0")),
+    case("AdamW-beta-of-1", lambda: AdamW(Linear(4, 3).parameters(), betas=(0.9, 1.0)),
+         Raises(ValueError, "betas must be two numbers in [0, 1)", "(0.9, 1.0)")),
+    case("AdamW-negative-weight-decay", lambda: AdamW(Linear(4, 3).parameters(), weight_decay=-0.1),
+         Raises(ValueError, "weight_decay must be >= 0", "got -0.1")),
+    case("lr_cosine_schedule-negative-it", lambda: lr_cosine_schedule(-1, 1e-3, 1e-4, 10, 100),
+         Raises(ValueError, "it must be >= 0", "got -1")),
+    case("lr_cosine_schedule-float-it", lambda: lr_cosine_schedule(2.5, 1e-3, 1e-4, 10, 100),
+         Raises(TypeError, "it must be an int", "got 2.5")),
+    case("lr_cosine_schedule-cosine-ends-at-warmup", lambda: lr_cosine_schedule(5, 1e-3, 1e-4, 10, 10),
+         Raises(ValueError, "cosine_cycle_iters > warmup_iters", "warmup_iters=10, cosine_cycle_iters=10")),
+    case("lr_cosine_schedule-min-above-max", lambda: lr_cosine_schedule(5, 1e-4, 1e-3, 10, 100),
+         Raises(ValueError, "min_learning_rate <= max_learning_rate", "min_learning_rate=0.001")),
+    case("gradient_clipping-max-0", lambda: gradient_clipping(Linear(4, 3).parameters(), 0.0),
+         Raises(ValueError, "max_l2_norm must be > 0", "got 0.0")),
+    case("get_batch-dataset-too-short", lambda: get_batch(np.arange(8), 4, 8, "cpu"),
+         Raises(ValueError, "context_length + 1 = 9 tokens", "a dataset of 8")),
+    case("get_batch-2d-dataset", lambda: get_batch(np.zeros((4, 50), dtype=np.int64), 4, 8, "cpu"),
+         TCE("get_batch: dataset is i64[4,50]", "Integer[ndarray, 'tokens']"),
+         Raises(ValueError, "1-D dataset", "shape (4, 50)")),
+    case("get_batch-float-dataset", lambda: get_batch(np.zeros(50), 4, 8, "cpu"),
+         TCE("get_batch: dataset is f64[50]", "Integer[ndarray, 'tokens']"),
+         Raises(TypeError, "integer token ids", "float64")),
+    case("get_batch-batch-size-0", lambda: get_batch(np.arange(50), 0, 8, "cpu"),
+         Raises(ValueError, "batch_size must be >= 1", "got 0")),
+    case("save_checkpoint-negative-iteration", lambda: save_checkpoint(lm(), AdamW(lm().parameters()), -1, io.BytesIO()),
+         Raises(ValueError, "iteration must be >= 0", "got -1")),
+    case("load_checkpoint-not-a-checkpoint", lambda: load_checkpoint(io.BytesIO(b"not a checkpoint"), lm()),
+         Raises(ValueError, "not a readable checkpoint", "the file object")),
+    case("load_checkpoint-another-model", lambda: load_checkpoint(_checkpoint_of(lm()), lm(d_ff=64)),
+         Raises(ValueError, "do not fit this TransformerLM", "layers.0.ffn.w1.weight (32, 16) (the model's: (64, 16))")),
+    case("tokenize_file-missing", lambda: tokenize_file("no/such/plays.txt"),
+         Raises(FileNotFoundError, "no text file at no/such/plays.txt")),
+    case("GPT2StyleLM-sequence-longer-than-context", lambda: GPT2StyleLM(VOCAB, MAX_SEQ, D_MODEL, 1, HEADS, D_FF)(
+        torch.zeros(1, 9, dtype=torch.long)), Raises(ValueError, "9 tokens", "context_length=8")),
+    case("GPT2StyleLM-id-equal-to-vocab", lambda: GPT2StyleLM(VOCAB, MAX_SEQ, D_MODEL, 1, HEADS, D_FF)(
+        torch.tensor([[1, 50]])), Raises(ValueError, "[0, 49]", "from 1 to 50")),
+    case("GPT2StyleLM-heads-do-not-divide-d_model", lambda: GPT2StyleLM(VOCAB, MAX_SEQ, 10, 1, 3, D_FF),
+         Raises(ValueError, "num_heads dividing d_model", "d_model=10", "num_heads=3")),
 ]
+
+
+def _checkpoint_of(model):
+    """A checkpoint of `model` (and a fresh AdamW) in memory, ready to load."""
+    buffer = io.BytesIO()
+    save_checkpoint(model, AdamW(model.parameters()), 3, buffer)
+    buffer.seek(0)
+    return buffer
 
 
 @pytest.mark.parametrize("checks", [True, False], ids=["checks-on", "checks-off"])

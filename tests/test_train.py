@@ -1,0 +1,308 @@
+"""`make train` (transformer_from_scratch.train): outputs, exact resume, Ctrl-C, NaN, bad checkpoints and settings,
+sampling, and two processes under torchrun against one. Tiny models on a slice of the corpus: seconds each."""
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer_from_scratch import train as tr
+from transformer_from_scratch.reference import ReferenceLM
+from transformer_from_scratch.training import AdamW, save_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "notebooks" / "data" / "shakespeare"
+TINY = ["--d-model", "16", "--num-layers", "1", "--num-heads", "2", "--context-length", "16", "--batch-size", "4",
+        "--warmup-steps", "2", "--eval-every", "4", "--eval-batches", "2", "--log-every", "1", "--sample-tokens", "20",
+        "--no-progress"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and never fight a busy machine's other processes for the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> tuple[Path, Path]:
+    """20 KB of the training plays and 5 KB of the held-out ones, in a folder of the test's own."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.txt").write_bytes((CORPUS / "train.txt").read_bytes()[:20_000])
+    (data / "heldout.txt").write_bytes((CORPUS / "heldout.txt").read_bytes()[:5_000])
+    return data / "train.txt", data / "heldout.txt"
+
+
+def args(corpus, out: Path, *extra: str) -> list[str]:
+    return ["--train-data", str(corpus[0]), "--val-data", str(corpus[1]), "--out-dir", str(out), *TINY, *extra]
+
+
+def rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(out: Path) -> dict[str, torch.Tensor]:
+    return torch.load(out / "checkpoint.pt", weights_only=True)["model"]
+
+
+def test_the_package_config_file_is_the_dataclass_defaults():
+    assert tr.read_config_file(tr.DEFAULT_CONFIG) == dataclasses.asdict(tr.TrainConfig())
+
+
+def test_a_run_writes_metrics_a_curve_samples_and_a_checkpoint(corpus, tmp_path):
+    out = tmp_path / "run"
+    summary = tr.main(args(corpus, out, "--max-steps", "10", "--checkpoint-every", "5"))
+    logged = rows(out)
+    assert [r["step"] for r in logged] == list(range(1, 11))
+    assert set(logged[0]) == {"step", "tokens", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s",
+                              "elapsed_s"}
+    assert [r["step"] for r in logged if r["val_loss"] is not None] == [4, 8, 10]
+    assert logged[-1]["tokens"] == 10 * 4 * 16 and summary["val_loss"] == logged[-1]["val_loss"]
+    assert logged[0]["train_loss"] > logged[-1]["train_loss"]  # it learns, from about ln 256
+    assert abs(logged[0]["train_loss"] - math.log(256)) < 0.5
+    assert logged[0]["lr"] == pytest.approx(1.5e-3) and logged[-1]["lr"] == pytest.approx(3e-4)  # warm-up, cosine end
+    assert (out / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    samples = (out / "samples.txt").read_text()
+    assert "ROMEO:\n" in samples and "KING HENRY:\nWhat" in samples
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert checkpoint["iteration"] == 10 and checkpoint["extra"]["config"]["d_model"] == 16
+    assert not list(out.glob("*.partial"))  # written to a temporary file, then renamed
+
+
+def test_log_rows_hold_the_mean_loss_since_the_last_row(corpus, tmp_path):
+    every_step, every_third = tmp_path / "a", tmp_path / "b"
+    tr.main(args(corpus, every_step, "--max-steps", "6"))
+    tr.main(args(corpus, every_third, "--max-steps", "6", "--log-every", "3", "--eval-every", "6"))
+    losses = [r["train_loss"] for r in rows(every_step)]
+    assert [r["train_loss"] for r in rows(every_third)] == pytest.approx([sum(losses[:3]) / 3, sum(losses[3:]) / 3])
+
+
+@pytest.mark.parametrize("stop", [1, 3, 6])
+def test_a_run_stopped_at_any_step_and_resumed_ends_bit_for_bit_as_one_never_stopped(corpus, tmp_path, stop):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    tr.main(args(corpus, straight, "--max-steps", "8", "--checkpoint-every", "4"))
+    summary = tr.main(args(corpus, stopped, "--max-steps", "8", "--checkpoint-every", "4", "--stop-at", str(stop)))
+    assert summary == dict(step=stop, stopped=True, val_loss=summary["val_loss"])
+    assert [r["step"] for r in rows(stopped)] == list(range(1, stop + 1))
+    tr.main(args(corpus, stopped, "--resume"))
+    assert [r["train_loss"] for r in rows(stopped)] == [r["train_loss"] for r in rows(straight)]
+    assert [r["val_loss"] for r in rows(stopped)] == [r["val_loss"] for r in rows(straight)]
+    for name, tensor in weights(straight).items():
+        assert torch.equal(tensor, weights(stopped)[name]), name
+    assert (stopped / "samples.txt").read_text() == (straight / "samples.txt").read_text()
+
+
+def test_log_rows_written_after_the_last_checkpoint_are_dropped_on_resume(corpus, tmp_path):
+    out = tmp_path / "run"
+    tr.main(args(corpus, out, "--max-steps", "8", "--stop-at", "3"))
+    with (out / "metrics.jsonl").open("a") as file:  # a run killed after logging step 4, before saving it
+        file.write(json.dumps(dict(rows(out)[-1], step=4)) + "\n")
+    tr.main(args(corpus, out, "--resume", "--stop-at", "5"))
+    assert [r["step"] for r in rows(out)] == [1, 2, 3, 4, 5]
+
+
+def test_ctrl_c_finishes_the_step_saves_and_exits_cleanly(corpus, tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "transformer_from_scratch.train", *args(corpus, out, "--max-steps", "100000",
+                                                                             "--checkpoint-every", "100000")]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 60
+    while not (out / "metrics.jsonl").is_file() or len(rows(out)) < 3:
+        assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    _, stderr = child.communicate(timeout=60)
+    assert child.returncode == 0, stderr
+    step = torch.load(out / "checkpoint.pt", weights_only=True)["iteration"]
+    assert "Ctrl-C: finishing this step" in stderr and f"stopped after step {step} of 100000" in stderr
+    assert [r["step"] for r in rows(out)] == list(range(1, step + 1))
+    # The state saved on Ctrl-C is the state of a run stopped at that step.
+    same = tmp_path / "same"
+    tr.main(args(corpus, same, "--max-steps", "100000", "--checkpoint-every", "100000", "--stop-at", str(step)))
+    for name, tensor in weights(same).items():
+        assert torch.equal(tensor, weights(out)[name]), name
+
+
+def test_a_loss_that_is_not_finite_stops_the_run_and_keeps_the_last_good_checkpoint(corpus, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit, match=r"the (loss|gradient norm) is (nan|inf) at step \d+ .*: stopped before the "
+                                         r"update; the last good checkpoint, of step \d+, is kept at"):
+        tr.main(args(corpus, out, "--max-steps", "10", "--warmup-steps", "0", "--max-lr", "1e30", "--min-lr", "1e30",
+                     "--checkpoint-every", "1"))
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert checkpoint["iteration"] >= 1
+    assert all(torch.isfinite(t).all() for t in checkpoint["model"].values())
+
+
+def test_a_truncated_checkpoint_stops_resume_with_a_clear_error_and_is_left_as_it_is(corpus, tmp_path):
+    out = tmp_path / "run"
+    tr.main(args(corpus, out, "--max-steps", "4", "--stop-at", "2"))
+    path = out / "checkpoint.pt"
+    path.write_bytes(path.read_bytes()[:2000])
+    before = path.read_bytes()
+    with pytest.raises(SystemExit, match=r"checkpoint.pt is not a readable checkpoint \(truncated"):
+        tr.main(args(corpus, out, "--resume"))
+    assert path.read_bytes() == before
+
+
+def test_a_foreign_checkpoint_stops_resume_naming_what_does_not_fit(corpus, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    model = torch.nn.Linear(2, 2)
+    save_checkpoint(model, AdamW(model.parameters()), 3, out / "checkpoint.pt")
+    with pytest.raises(SystemExit, match=r"not a checkpoint of transformer_from_scratch.train: it has no "
+                                         r"extra\['format'\]"):
+        tr.main(args(corpus, out, "--resume"))
+    tr.main(args(corpus, tmp_path / "good", "--max-steps", "4", "--stop-at", "2"))
+    checkpoint = torch.load(tmp_path / "good" / "checkpoint.pt", weights_only=True)
+    checkpoint["model"]["lm_head.weight"] = torch.zeros(3, 3)
+    torch.save(checkpoint, out / "checkpoint.pt")
+    with pytest.raises(SystemExit, match=r"--resume: load_checkpoint: .* other shapes "
+                                         r"\[.lm_head.weight \(3, 3\) \(the model's: \(256, 16\)\)"):
+        tr.main(args(corpus, out, "--resume"))
+
+
+def test_resume_refuses_other_training_settings_and_takes_other_operational_ones(corpus, tmp_path):
+    out = tmp_path / "run"
+    tr.main(args(corpus, out, "--max-steps", "6", "--stop-at", "2"))
+    with pytest.raises(SystemExit, match=r"--resume continues the run .* --d-model 32 \(the checkpoint's: 16\)"):
+        tr.main(args(corpus, out, "--resume", "--d-model", "32"))
+    summary = tr.main(args(corpus, out, "--resume", "--eval-every", "3"))
+    assert summary["step"] == 6 and [r["step"] for r in rows(out) if r["val_loss"] is not None] == [3, 6]
+
+
+def test_an_existing_checkpoint_is_never_overwritten_without_asking(corpus, tmp_path):
+    out = tmp_path / "run"
+    tr.main(args(corpus, out, "--max-steps", "4", "--stop-at", "2"))
+    with pytest.raises(SystemExit, match=r"checkpoint.pt exists: --resume to go on with it, --overwrite"):
+        tr.main(args(corpus, out, "--max-steps", "4"))
+    assert tr.main(args(corpus, out, "--max-steps", "4", "--overwrite"))["step"] == 4
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--train-data", "no/such/train.txt"], r"--train-data: no training text at no/such/train.txt"),
+    (["--val-data", "no/such/heldout.txt"], r"--val-data: no held-out text at no/such/heldout.txt"),
+    (["--seq-len", "32"], r"--seq-len 32 is longer than the model's --context-length 16"),
+    (["--batch-size", "0"], r"--batch-size must be >= 1, got 0"),
+    (["--device", "tpu"], r"--device 'tpu' is not one of auto, cpu, cuda, cuda:N, mps"),
+    (["--num-heads", "3"], r"--num-heads 3 must divide --d-model 16"),
+    (["--warmup-steps", "10", "--max-steps", "10"], r"--warmup-steps 10 must be < --max-steps 10"),
+    (["--top-p", "0"], r"--top-p must lie in \(0, 1\], got 0.0"),
+    (["--model", "rnn"], r"--model must be one of transformer_lm, gpt2_style, got 'rnn'"),
+    (["--stop-at", "0"], r"--stop-at must be >= 1, got 0"),
+])
+def test_bad_settings_stop_with_one_line_that_names_the_value(corpus, tmp_path, flags, message):
+    with pytest.raises(SystemExit, match=message) as error:
+        tr.main(args(corpus, tmp_path / "run", "--max-steps", "4", *flags))
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_asking_for_cuda_without_it_names_the_device(corpus, tmp_path):
+    with pytest.raises(SystemExit, match=r"--device cuda: CUDA is not available here"):
+        tr.main(args(corpus, tmp_path / "run", "--device", "cuda"))
+
+
+def test_a_config_file_replaces_the_defaults_and_flags_replace_it(corpus, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(dict(max_steps=3, d_model=8, num_heads=2)))
+    out = tmp_path / "run"
+    tr.main(["--config", str(config), *args(corpus, out, "--d-model", "16")])
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)["extra"]["config"]
+    assert (saved["max_steps"], saved["d_model"], saved["num_heads"]) == (3, 16, 2)
+    config.write_text(json.dumps(dict(max_step=3)))
+    with pytest.raises(SystemExit, match=r"config.json has unknown settings \['max_step'\]"):
+        tr.main(["--config", str(config), *args(corpus, out)])
+    config.write_text("{max_steps: 3}")
+    with pytest.raises(SystemExit, match=r"config.json is not valid JSON"):
+        tr.main(["--config", str(config), *args(corpus, out)])
+
+
+def test_the_gpt2_style_baseline_trains_with_the_same_loop(corpus, tmp_path):
+    out = tmp_path / "run"
+    tr.main(args(corpus, out, "--max-steps", "4", "--model", "gpt2_style"))
+    assert "position_embeddings.weight" in weights(out) and rows(out)[-1]["val_loss"] < math.log(256) + 0.5
+
+
+def test_sample_continues_the_prompt_from_any_checkpoint(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    tr.main(args(corpus, out, "--max-steps", "6", "--stop-at", "3"))
+    checkpoint = str(out / "checkpoint.pt")
+    greedy = tr.main(["sample", "--checkpoint", checkpoint, "--prompt", "ROMEO:", "--max-new-tokens", "25",
+                      "--temperature", "0", "--device", "cpu"])
+    assert greedy.startswith("ROMEO:") and len(greedy.encode()) >= 25 and greedy in capsys.readouterr().out
+    assert tr.main(["sample", "--checkpoint", checkpoint, "--prompt", "ROMEO:", "--max-new-tokens", "25",
+                    "--temperature", "0"]) == greedy
+    drawn = [tr.main(["sample", "--checkpoint", checkpoint, "--prompt", "O", "--max-new-tokens", "30",
+                      "--temperature", "1.2", "--top-k", "5", "--top-p", "0.9", "--seed", str(seed)])
+             for seed in (0, 0, 1)]
+    assert drawn[0] == drawn[1] != drawn[2]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--checkpoint", "no/such.pt"], r"--checkpoint: no checkpoint at no/such.pt"),
+    (["--top-p", "1.5"], r"top_p must lie in \(0, 1\]"),
+    (["--prompt", ""], r"--prompt must hold at least one character"),
+    (["--device", "tpu"], r"--device 'tpu' is not one of"),
+])
+def test_sample_bad_input_names_the_value(corpus, tmp_path, flags, message):
+    out = tmp_path / "run"
+    tr.main(args(corpus, out, "--max-steps", "3"))
+    with pytest.raises(SystemExit, match=message):
+        tr.main(["sample", "--checkpoint", str(out / "checkpoint.pt"), *flags])
+
+
+def test_the_course_step_equals_the_step_with_pytorchs_parts():
+    """training_step with cross_entropy and gradient_clipping, then AdamW, against F.cross_entropy,
+    clip_grad_norm_ and torch.optim.AdamW on the built-in ReferenceLM of the same weights: bench's two loops."""
+    torch.manual_seed(0)
+    config = tr.TrainConfig(d_model=32, num_layers=2, num_heads=4, context_length=16)
+    ours = tr.build_model(config)
+    reference = ReferenceLM(ours)
+    inputs, targets = torch.randint(256, (2, 4, 16)).unbind(0)
+    torch_loss = lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten())  # noqa: E731
+    results = []
+    for model, optimizer_class, loss_fn, clip_fn in [
+            (ours, AdamW, tr.cross_entropy, tr.gradient_clipping),
+            (reference, torch.optim.AdamW, torch_loss, torch.nn.utils.clip_grad_norm_)]:
+        optimizer = optimizer_class(model.parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+        for _ in range(3):
+            loss, norm = tr.training_step(model, optimizer, inputs, targets, 1e-2, 0.5, loss_fn=loss_fn,
+                                          clip_fn=clip_fn)
+            optimizer.step()
+        results.append((loss, norm, dict(model.named_parameters())))
+    (loss, norm, params), (ref_loss, ref_norm, ref_params) = results
+    assert torch.allclose(loss, ref_loss, atol=1e-5) and torch.allclose(norm, ref_norm, rtol=1e-4)
+    for name, p in params.items():
+        assert torch.allclose(p, ref_params["weights." + name], atol=1e-5), name
+
+
+def test_two_processes_under_torchrun_see_the_losses_of_one_with_the_same_global_batch(corpus, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    flags = args(corpus, two, "--max-steps", "6")
+    tr.main(args(corpus, one, "--max-steps", "6"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "transformer_from_scratch.train", *flags], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 process(es) on cpu" in done.stderr and done.stderr.count("TransformerLM:") == 1  # rank 0 alone reports
+    for a, b in zip(rows(one), rows(two), strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert (a["val_loss"] is None) == (b["val_loss"] is None)
+        assert a["val_loss"] is None or a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+    for name, tensor in weights(one).items():
+        assert torch.allclose(tensor, weights(two)[name], atol=1e-5), name
