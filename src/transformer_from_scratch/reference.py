@@ -182,3 +182,43 @@ class ReferenceLM(nn.Module):
             x = x + swiglu(rms_norm(x, layer.ln2.weight, eps), layer.ffn.w1.weight, layer.ffn.w2.weight,
                            layer.ffn.w3.weight)
         return F.linear(rms_norm(x, w.ln_final.weight, eps), w.lm_head.weight)
+
+
+@torch.no_grad()
+def greedy_decode_with_cache(model: ReferenceLM, prompt_ids: Tensor, max_new_tokens: int) -> Tensor:
+    """Greedy decoding of one sequence with a KV cache, from built-ins: the ids ``generate(..., temperature=0)`` gives.
+
+    The benchmark's yardstick for decoding with a cache. Each layer keeps preallocated keys (rotated) and values of
+    shape (1, heads, context_length, d_k); the prompt runs once, then one token per step, and only the last position
+    goes through lm_head. Past context_length the window slides: the model sees the last context_length ids at
+    positions 0 … context_length-1, so the caches are refilled from the window, as the course's generate does.
+    """
+    w, heads, eps, context = model.weights, model.num_heads, model.eps, model.context_length
+    d_k = w.layers[0].attn.q_proj.weight.shape[0] // heads
+    like = w.lm_head.weight
+    keys = [like.new_zeros(1, heads, context, d_k) for _ in w.layers]
+    values = [like.new_zeros(1, heads, context, d_k) for _ in w.layers]
+    ids, origin, length = prompt_ids, 0, 0  # the caches hold ids[origin : origin + length]
+    for _ in range(max_new_tokens):
+        if max(0, len(ids) - context) != origin:
+            origin, length = max(0, len(ids) - context), 0
+        new = ids[origin + length:][None]
+        end = length + new.shape[-1]
+        factors = model.rope[length:end]
+        mask = None if new.shape[-1] == 1 else torch.ones(new.shape[-1], end, dtype=torch.bool,
+                                                          device=ids.device).tril(end - new.shape[-1])
+        x = F.embedding(new, w.token_embeddings.weight)
+        for layer, k_cache, v_cache in zip(w.layers, keys, values):
+            h = rms_norm(x, layer.ln1.weight, eps)
+            q, k, v = (split_heads(F.linear(h, proj.weight), heads)
+                       for proj in (layer.attn.q_proj, layer.attn.k_proj, layer.attn.v_proj))
+            k_cache[:, :, length:end] = model._rotate(k, factors)
+            v_cache[:, :, length:end] = v
+            attended = SDPA(model._rotate(q, factors), k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask)
+            x = x + F.linear(merge_heads(attended), layer.attn.output_proj.weight)
+            x = x + swiglu(rms_norm(x, layer.ln2.weight, eps), layer.ffn.w1.weight, layer.ffn.w2.weight,
+                           layer.ffn.w3.weight)
+        logits = F.linear(rms_norm(x[0, -1], w.ln_final.weight, eps), w.lm_head.weight)
+        length = end
+        ids = torch.cat([ids, logits.argmax().view(1).to(ids.dtype)])
+    return ids[prompt_ids.numel():]

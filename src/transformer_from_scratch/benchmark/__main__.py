@@ -11,7 +11,13 @@ allocator, a clean peak-memory reading, no compiled code left over from another 
   compiled with `torch.compile`. "× ref" is our tokens/s over the reference's: 1.0 means as fast.
   MFU is the model's matrix FLOPs (count_resources, ×3 for forward + backward) per second over this machine's
   own measured float32 matmul throughput (not a datasheet peak).
+* make train's loop: tokens/s of `make train`'s step (get_batch, training_step, optimizer.step) at its default
+  config's shapes, with the course's AdamW, cross_entropy, gradient_clipping and TransformerLM (checks off), against
+  the same loop with torch.optim.AdamW, F.cross_entropy, clip_grad_norm_ and ReferenceLM.
 * decode: tokens/s of `generate` at batch 1, greedy, ours against the reference through the same loop.
+* decode with a KV cache: tokens/s of `generate` (notebook 12: the cache) against the reference's own cached decode
+  (`reference.greedy_decode_with_cache`: preallocated keys and values, F.scaled_dot_product_attention) and against
+  our `generate(..., use_cache=False)`, batch 1, greedy, a 32-token prompt and 128 new tokens.
 * per call: microseconds of Linear, softmax and attention on a tiny input, checks on and off, against PyTorch's.
 * notebooks: each notebook's time under nbval, against the floor: the same command on a notebook whose only
   cell imports torch.
@@ -20,8 +26,10 @@ A shared machine's speed drifts by tens of percent from minute to minute, so eac
 (default 3), the rows interleaved, and keeps its fastest round; each notebook and the floor measured just before
 it keep the faster of two runs.
 
-Targets, on the CPU: checks off >= 0.9× the reference for training, fused >= 1.0×, decode with
-checks off >= 0.9×, and the ten notebooks under nbval <= 2× ten floors. The table says which are met.
+Targets, on the CPU: checks off >= 0.9× the reference for training, fused >= 1.0×, make train's loop >= 0.9×
+PyTorch's, decode with
+checks off >= 0.9×, decode with the KV cache >= 1.0× the reference's cached decode and >= 5× ours without the
+cache, and the ten notebooks under nbval <= 2× ten floors. The table says which are met.
 """
 
 from __future__ import annotations
@@ -48,8 +56,12 @@ SHAPES = {
 }
 TRAIN_ROWS = ["reference", "ours, checks on", "ours, checks off", "ours fused, checks off",
               "reference, compiled", "ours, compiled", "ours fused, compiled"]
+LOOP_ROWS = ["PyTorch's parts, ReferenceLM", "make train's: the course's parts, TransformerLM"]
 DECODE_ROWS = ["reference", "ours, checks on", "ours, checks off", "ours fused, checks off"]
 DECODE = dict(prompt=32, new_tokens=96)
+KV_DECODE_ROWS = ["reference, its KV cache", "ours, KV cache, checks off", "ours fused, KV cache, checks off",
+                  "ours, no cache, checks off"]
+KV_DECODE = dict(prompt=32, new_tokens=128)
 
 
 # ---------------------------------------------------------------- one measurement, in its own process
@@ -125,6 +137,55 @@ def measure_training(row: str, device: str, steps: int) -> dict:
                 first_step_s=first)
 
 
+def measure_train_loop(row: str, device: str, steps: int) -> dict:
+    """make train's step, as train.py runs it, with the course's parts or with PyTorch's (LOOP_ROWS)."""
+    import contextlib
+
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    import transformer_from_scratch as tfs
+    from transformer_from_scratch import train
+    from transformer_from_scratch.reference import ReferenceLM
+
+    config = train.TrainConfig()
+    seq = config.seq_len or config.context_length
+    torch.manual_seed(0)
+    model = train.build_model(config, device)
+    tfs.set_shape_checks(False)
+    hyper = dict(lr=config.max_lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay)
+    if row == LOOP_ROWS[0]:
+        model = ReferenceLM(model)
+        optimizer = torch.optim.AdamW(model.parameters(), **hyper)
+        parts = dict(loss_fn=lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten()),
+                     clip_fn=torch.nn.utils.clip_grad_norm_)
+    else:
+        optimizer = tfs.AdamW(model.parameters(), **hyper)
+        parts = dict(loss_fn=tfs.cross_entropy, clip_fn=tfs.gradient_clipping)
+    amp = device == "cuda" and config.amp
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if amp else contextlib.nullcontext
+    tokens = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8)
+    batches = torch.Generator().manual_seed(0)
+
+    def step() -> None:
+        x, y = tfs.get_batch(tokens, config.batch_size, seq, device, generator=batches)
+        loss, norm = train.training_step(model, optimizer, x, y, config.max_lr, config.grad_clip, autocast=autocast,
+                                         **parts)
+        torch.stack([loss.float(), norm.float()]).tolist()  # make train's one read-back per step
+        optimizer.step()
+
+    step()
+    step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    return dict(seconds=seconds, tokens_per_s=config.batch_size * seq / seconds)
+
+
 def measure_decode(row: str, device: str, repeats: int) -> dict:
     import torch
 
@@ -134,12 +195,38 @@ def measure_decode(row: str, device: str, repeats: int) -> dict:
     model = _build(row, device, shape)
     prompt = torch.randint(0, shape["vocab_size"], (DECODE["prompt"],),
                            generator=torch.Generator().manual_seed(2)).to(device)
-    tfs.generate(model, prompt, 8, temperature=0)  # warm up
+    tfs.generate(model, prompt, 8, temperature=0, use_cache=False)  # warm up
     times = []
     for _ in range(repeats):
         _sync(device)
         start = time.perf_counter()
-        new = tfs.generate(model, prompt, DECODE["new_tokens"], temperature=0)
+        new = tfs.generate(model, prompt, DECODE["new_tokens"], temperature=0, use_cache=False)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return dict(tokens_per_s=len(new) / statistics.median(times))
+
+
+def measure_kv_decode(row: str, device: str, repeats: int) -> dict:
+    """Greedy decoding with a KV cache (KV_DECODE_ROWS): the reference's own, ours, and ours without the cache."""
+    import torch
+
+    import transformer_from_scratch as tfs
+    from transformer_from_scratch.reference import greedy_decode_with_cache
+
+    shape = dict(SHAPES[device], seq=KV_DECODE["prompt"] + KV_DECODE["new_tokens"])
+    model = _build(row, device, shape)
+    prompt = torch.randint(0, shape["vocab_size"], (KV_DECODE["prompt"],),
+                           generator=torch.Generator().manual_seed(2)).to(device)
+    if row.startswith("reference"):
+        decode = lambda n: greedy_decode_with_cache(model, prompt, n)  # noqa: E731
+    else:
+        decode = lambda n: tfs.generate(model, prompt, n, temperature=0, use_cache="no cache" not in row)  # noqa: E731
+    decode(8)  # warm up
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        new = decode(KV_DECODE["new_tokens"])
         _sync(device)
         times.append(time.perf_counter() - start)
     return dict(tokens_per_s=len(new) / statistics.median(times))
@@ -288,6 +375,17 @@ def report(device: str, compile_rows: bool, notebooks: bool, rounds: int) -> str
         ratio = r["tokens_per_s"] / results["reference"]["tokens_per_s"]
         lines.append(f"| {row} | {r['tokens_per_s']:,.0f} | {ratio:.2f} | {_mib(r['peak_bytes'])} | "
                      f"{flops / r['seconds'] / matmul:.0%} | {r['first_step_s']:.1f} s |")
+    from transformer_from_scratch.train import TrainConfig
+
+    config = TrainConfig()
+    loop = _best_of(rounds, "loop", LOOP_ROWS, device)
+    loop_ratio = loop[LOOP_ROWS[1]]["tokens_per_s"] / loop[LOOP_ROWS[0]]["tokens_per_s"]
+    lines += ["", f"**make train's loop** on {device}: get_batch, forward, loss, backward, clipping, optimizer step at "
+              f"the default config's shapes (batch {config.batch_size}, seq {config.seq_len or config.context_length}, "
+              f"d_model {config.d_model}, {config.num_layers} layers, {config.num_heads} heads, vocab 256).", "",
+              "| loop | tokens/s | × PyTorch's |", "|---|---:|---:|"]
+    lines += [f"| {row} | {loop[row]['tokens_per_s']:,.0f} | "
+              f"{loop[row]['tokens_per_s'] / loop[LOOP_ROWS[0]]['tokens_per_s']:.2f} |" for row in LOOP_ROWS]
     lines += ["", "**Decode**: `generate` at batch 1, greedy, a prompt of "
               f"{DECODE['prompt']} tokens and {DECODE['new_tokens']} new ones (no KV cache: each step runs the model "
               "on the whole window).", "", "| model | tokens/s | × ref |", "|---|---:|---:|"]
@@ -295,6 +393,15 @@ def report(device: str, compile_rows: bool, notebooks: bool, rounds: int) -> str
     for row in DECODE_ROWS:
         d = decode[row]
         lines.append(f"| {row} | {d['tokens_per_s']:,.1f} | {d['tokens_per_s'] / decode['reference']['tokens_per_s']:.2f} |")
+    lines += ["", "**Decode with a KV cache** (notebook 12): `generate` at batch 1, greedy, a prompt of "
+              f"{KV_DECODE['prompt']} tokens and {KV_DECODE['new_tokens']} new ones, against the reference's own cached "
+              "decode (`reference.greedy_decode_with_cache`) and our decode without the cache.", "",
+              "| model | tokens/s | × ref's cached | × ours without |", "|---|---:|---:|---:|"]
+    kv = _best_of(rounds, "kv_decode", KV_DECODE_ROWS, device)
+    kv_ref, kv_none = kv[KV_DECODE_ROWS[0]]["tokens_per_s"], kv["ours, no cache, checks off"]["tokens_per_s"]
+    lines += [f"| {row} | {kv[row]['tokens_per_s']:,.1f} | {kv[row]['tokens_per_s'] / kv_ref:.2f} | "
+              f"{kv[row]['tokens_per_s'] / kv_none:.2f} |" for row in KV_DECODE_ROWS]
+    kv_ours, kv_fused = (kv[row]["tokens_per_s"] for row in ("ours, KV cache, checks off", "ours fused, KV cache, checks off"))
     calls = _run_child("calls", "-", device)
     lines += ["", "**Per call** on a tiny input (1, 1, 64): microseconds, no gradient.", "",
               "| function | ours, checks on | ours, checks off | PyTorch's |", "|---|---:|---:|---:|"]
@@ -304,8 +411,13 @@ def report(device: str, compile_rows: bool, notebooks: bool, rounds: int) -> str
               f"- training, checks off ≥ 0.9× the reference: "
               f"{_verdict(results['ours, checks off']['tokens_per_s'] / ref, 0.9)}",
               f"- training, fused ≥ 1.0×: {_verdict(results['ours fused, checks off']['tokens_per_s'] / ref, 1.0)}",
+              f"- make train's loop ≥ 0.9× the same loop with PyTorch's parts: {_verdict(loop_ratio, 0.9)}",
               f"- decode, checks off ≥ 0.9×: "
-              f"{_verdict(decode['ours, checks off']['tokens_per_s'] / decode['reference']['tokens_per_s'], 0.9)}"]
+              f"{_verdict(decode['ours, checks off']['tokens_per_s'] / decode['reference']['tokens_per_s'], 0.9)}",
+              f"- decode with the KV cache, checks off ≥ 1.0× the reference's cached decode: {_verdict(kv_ours / kv_ref, 1.0)}"
+              f" (fused: {_verdict(kv_fused / kv_ref, 1.0)})",
+              f"- decode with the KV cache ≥ 5× ours without it: {_verdict(kv_ours / kv_none, 5.0)}"
+              f" (fused: {_verdict(kv_fused / kv_none, 5.0)})"]
     if notebooks:
         print("  notebooks under nbval …", file=sys.stderr, flush=True)
         nb = measure_notebooks()
@@ -338,7 +450,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         kind, row, device = args.child
         measure = {"train": lambda: measure_training(row, device, steps=5 if device == "cpu" else 20),
+                   "loop": lambda: measure_train_loop(row, device, steps=5 if device == "cpu" else 20),
                    "decode": lambda: measure_decode(row, device, repeats=3),
+                   "kv_decode": lambda: measure_kv_decode(row, device, repeats=3),
                    "matmul": lambda: measure_matmul(device),
                    "calls": lambda: measure_calls(device)}[kind]
         print(json.dumps(measure()))

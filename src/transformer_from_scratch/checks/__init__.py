@@ -23,6 +23,7 @@ from .softmax import check_softmax
 from .swiglu import check_silu, check_swiglu
 from .transformer_block import check_transformer_block
 from .transformer_lm import check_transformer_lm
+from .kv_cache import check_kv_cache
 from .training import (check_adamw, check_checkpoint, check_cross_entropy, check_get_batch, check_gradient_clipping,
                        check_lr_cosine_schedule)
 
@@ -38,6 +39,7 @@ __all__ = [
     "check_multihead_self_attention",
     "check_transformer_block",
     "check_transformer_lm",
+    "check_kv_cache",
     "check_cross_entropy",
     "check_adamw",
     "check_lr_cosine_schedule",

@@ -1,0 +1,188 @@
+"""The KV cache (notebook 12): cached logits equal the model's on the whole sequence, generate with the cache equals
+generate without it (greedy, sampled, past the context where the window slides), and bad input gets an error that
+names the numbers."""
+
+import pytest
+import torch
+from conftest import DEVICES
+
+import transformer_from_scratch as tfs
+from transformer_from_scratch import KVCache, TransformerLM, cached_attention, cached_forward, generate
+from transformer_from_scratch.reference import ReferenceLM, greedy_decode_with_cache
+from transformer_from_scratch.transformer_lm import generate as generate_uncached
+
+V, CTX, D, L, H, DFF = 23, 12, 16, 2, 4, 24
+
+
+@pytest.fixture
+def fast():
+    """The numerics tests run with the run-time shape checks off (the same numbers, a fraction of the time)."""
+    with tfs.shape_checks(False):
+        yield
+
+
+def make(dtype=torch.float32, device="cpu", fused=False, seed=0):
+    torch.manual_seed(seed)
+    return TransformerLM(V, CTX, D, L, H, DFF, 10000.0, device=device, dtype=dtype, fused=fused)
+
+
+def fed(model, ids, chunks):
+    """The logits of ids (batch, seq) from cached_forward, fed in chunks."""
+    caches = KVCache.for_model(model, ids.shape[0])
+    outs, start = [], 0
+    for n in chunks:
+        outs.append(cached_forward(model, ids[:, start:start + n], caches))
+        start += n
+    assert caches[0].length == start
+    return torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("fused", [False, True], ids=["from scratch", "fused"])
+def test_cached_logits_equal_the_whole_sequence_for_every_prompt_length(dtype, tolerance, fused, fast):
+    model = make(dtype, fused=fused)
+    ids = torch.randint(0, V, (2, CTX), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model(ids)
+        for prompt in range(1, CTX + 1):
+            got = fed(model, ids, [prompt] + [1] * (CTX - prompt))
+            assert (got - expected).abs().max().item() <= tolerance, prompt
+        got = fed(model, ids, [3, 1, 4, 2, 2])  # chunks after cached positions: the mask's offset
+        assert (got - expected).abs().max().item() <= tolerance
+
+
+def test_cached_attention_equals_attention_rows():
+    model = make(torch.float64)
+    attn = model.layers[0].attn
+    x = torch.randn(3, 7, D, dtype=torch.float64)
+    cache = KVCache(3, H, CTX, D // H, dtype=torch.float64)
+    with torch.no_grad():
+        out = torch.cat([cached_attention(attn, x[:, :4], cache), cached_attention(attn, x[:, 4:], cache)], dim=1)
+        torch.testing.assert_close(out, attn(x), rtol=0, atol=1e-12)
+    assert cache.length == 7
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("prompt_length", [1, 5, CTX, CTX + 7])
+def test_greedy_is_identical_across_the_window_slide(dtype, prompt_length, fast):
+    model = make(dtype, seed=2)
+    prompt = torch.randint(0, V, (prompt_length,), generator=torch.Generator().manual_seed(prompt_length))
+    cached = generate(model, prompt, 2 * CTX, temperature=0)
+    assert cached.shape == (2 * CTX,)
+    assert torch.equal(cached, generate_uncached(model, prompt, 2 * CTX, temperature=0))
+    assert torch.equal(cached, generate(model, prompt, 2 * CTX, temperature=0, use_cache=False))
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(temperature=0.7, top_k=5), dict(temperature=1.3, top_p=0.8)])
+def test_seeded_samples_are_identical(kwargs, fast):
+    model = make(seed=3)
+    prompt = torch.tensor([1, 2, 3])
+    draw = lambda fn: fn(model, prompt, 2 * CTX, generator=torch.Generator().manual_seed(5), **kwargs)
+    assert torch.equal(draw(generate), draw(generate_uncached))
+
+
+def test_eos_stops_and_zero_tokens_give_nothing():
+    model = make(seed=4)
+    prompt = torch.tensor([4, 5])
+    full = generate(model, prompt, 10, temperature=0)
+    stopped = generate(model, prompt, 10, temperature=0, eos_id=full[2].item())
+    assert torch.equal(stopped, full[:int((full == full[2]).nonzero()[0]) + 1])
+    assert generate(model, prompt, 0).shape == (0,)
+
+
+def test_generate_uses_the_cache_one_token_per_step():
+    model = make(seed=5)
+    sizes, calls = [], []
+    handles = [model.token_embeddings.register_forward_hook(lambda m, i, o: sizes.append(i[0].shape[-1])),
+               model.register_forward_hook(lambda m, i, o: calls.append(1))]
+    generate(model, torch.tensor([1, 2, 3, 4]), CTX + 2, temperature=0)
+    for handle in handles:
+        handle.remove()
+    # the prefill (4), one token per step up to the context (8 steps), then the whole window after each slide (5)
+    assert sizes == [4] + [1] * (CTX - 4) + [CTX] * 5 and not calls
+
+
+def test_a_model_without_the_parts_runs_uncached():
+    class Fixed(torch.nn.Module):
+        context_length = 4
+
+        def forward(self, ids):
+            return torch.nn.functional.one_hot((ids + 1) % 6, 6).float()
+
+    assert generate(Fixed(), torch.tensor([0]), 5, temperature=0).tolist() == [1, 2, 3, 4, 5]
+
+
+def test_the_reference_decode_with_its_cache_agrees():
+    model = make(seed=6)
+    prompt = torch.randint(0, V, (5,), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(greedy_decode_with_cache(ReferenceLM(model), prompt, 2 * CTX),
+                       generate(model, prompt, 2 * CTX, temperature=0))
+
+
+def test_cache_memory_is_two_layers_tokens_width_bytes():
+    for dtype, size in [(torch.float32, 4), (torch.float16, 2)]:
+        model = TransformerLM(V, 4096, 4096, 32, 32, 11008, 10000.0, device="meta", dtype=dtype)  # Llama 2 7B's sizes
+        caches = KVCache.for_model(model, batch=2)
+        assert sum(cache.nbytes for cache in caches) == 2 * 32 * 4096 * 4096 * size * 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_on_every_device(device):
+    model = make(device=device, seed=7)
+    prompt = torch.tensor([3, 1], device=device)
+    out = generate(model, prompt, CTX + 3, temperature=0)
+    assert out.device == prompt.device and torch.equal(out, generate_uncached(model, prompt, CTX + 3, temperature=0))
+
+
+@pytest.mark.parametrize("checks", [False, True], ids=["shape checks off", "on"])
+def test_bad_input_is_named(checks):
+    """The explicit checks stay on without the run-time shape checks; with them, jaxtyping may speak first."""
+    with tfs.shape_checks(checks):
+        _bad_inputs(checks)
+
+
+def _bad_inputs(checks):
+    model = make()
+    caches = KVCache.for_model(model)
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 22\]"):
+        cached_forward(model, torch.tensor([[1, V]]), caches)
+    with pytest.raises(TypeError, match="token_ids is f32" if checks else "integer token ids"):
+        cached_forward(model, torch.tensor([[1.0, 2.0]]), caches)
+    with pytest.raises(TypeError if checks else ValueError,
+                       match="token_ids is i64" if checks else r"shape \(batch, new\)"):
+        cached_forward(model, torch.tensor([1, 2]), caches)
+    with pytest.raises(ValueError, match="one KVCache per block: 2 blocks, 1 caches"):
+        cached_forward(model, torch.tensor([[1, 2]]), caches[:1])
+    with pytest.raises(ValueError, match="the caches hold a batch of 1, the token ids 2"):
+        cached_forward(model, torch.tensor([[1], [2]]), caches)
+    cached_forward(model, torch.zeros(1, CTX - 1, dtype=torch.long), caches)
+    with pytest.raises(ValueError, match="2 new tokens after 11 cached positions pass context_length=12"):
+        cached_forward(model, torch.tensor([[1, 2]]), caches)
+    caches[0].reset()
+    with pytest.raises(ValueError, match=r"different numbers of positions \[0, 11\]"):
+        cached_forward(model, torch.tensor([[1]]), caches)
+    cache = KVCache(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="do not fit after the 0 cached ones"):
+        cache.append(torch.zeros(1, 2, 4, 4), torch.zeros(1, 2, 4, 4))
+    with pytest.raises(ValueError, match=r"k and v of shape \(batch, heads, new, d_k\) = \(1, 2, new, 4\)"):
+        cache.append(torch.zeros(1, 3, 1, 4), torch.zeros(1, 3, 1, 4))
+    with pytest.raises(ValueError, match="every size must be >= 1"):
+        KVCache(1, 0, 3, 4)
+    with pytest.raises(ValueError, match="non-empty sequence"):
+        generate(model, torch.tensor([], dtype=torch.long), 3)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        generate(model, torch.tensor([1]), 3, temperature=-1.0)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
+        generate(model, torch.tensor([1]), -1)
+
+
+def test_the_package_generate_is_the_cached_one():
+    assert tfs.generate is tfs.generate_with_cache
+
+
+def test_shape_checks_off_gives_the_same_ids():
+    model = make(seed=8)
+    prompt = torch.tensor([2, 7, 1])
+    with tfs.shape_checks(False):
+        off = generate(model, prompt, CTX, temperature=0)
+    assert torch.equal(off, generate(model, prompt, CTX, temperature=0))
