@@ -628,6 +628,17 @@ CLIPPING_MISTAKES = {
 }
 
 
+def name_clipping_mistake(out: list[torch.Tensor], grads: list[torch.Tensor], max_norm: float, what: str,
+                          rtol: float) -> None:
+    """Fail with the CLIPPING_MISTAKES entry whose gradients `out` matches (and the right ones do not), if any."""
+    expected = clip_expected(grads, max_norm)
+    for mistake, (text, fix) in CLIPPING_MISTAKES.items():
+        wrong = clip_expected(grads, max_norm, mistake)
+        differs = not all(close(a, b, rtol=rtol, atol=1e-15) for a, b in zip(wrong, expected))
+        if differs and all(close(a, b, rtol=rtol, atol=1e-15) for a, b in zip(out, wrong)):
+            fail(text, fix, what)
+
+
 def _run_clipping(impl: Callable[..., Any], grads: list[torch.Tensor | None], max_norm: float, what: str, *,
                   as_generator: bool = False) -> list[torch.Tensor | None]:
     params = [nn.Parameter(torch.zeros_like(g) if g is not None else torch.zeros(3, dtype=torch.float64))
@@ -679,11 +690,7 @@ def check_gradient_clipping(impl: Callable[..., Any]) -> None:
                 fail(f"{what} leaves the gradients unchanged: they are not scaled in place",
                      "multiply each p.grad in place (p.grad.mul_(scale)); a new tensor bound to a name changes "
                      "nothing")
-            for mistake, (text, fix) in CLIPPING_MISTAKES.items():
-                wrong = clip_expected(grads, max_norm, mistake)
-                differs = not all(close(a, b, rtol=1e-6, atol=1e-15) for a, b in zip(wrong, expected))
-                if differs and all(close(a, b, rtol=1e-6, atol=1e-15) for a, b in zip(out, wrong)):
-                    fail(text, fix, what)
+            name_clipping_mistake(out, grads, max_norm, what, rtol=1e-6)
             worst = max((a - b).abs().max().item() for a, b in zip(out, expected))
             fail(f"{what} differs from torch.nn.utils.clip_grad_norm_ by up to {worst:.3g}",
                  "norm = √(Σ over every gradient entry of g²); if norm > max_l2_norm, multiply every gradient in "

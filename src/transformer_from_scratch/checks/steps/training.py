@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from .._harness import call, call_without_builtins, close, describe, diagnose, expect_tensor, fail, generator, passed
-from ..training import (ADAMW_MISTAKES, CLIPPING_BUILTINS, CLIPPING_MISTAKES, CROSS_ENTROPY_BUILTIN_FIX,
-                        CROSS_ENTROPY_BUILTINS, adamw_forms, adamw_step, clip_expected, cross_entropy_variants,
-                        diagnose_schedule)
+from ..training import (ADAMW_MISTAKES, CLIPPING_BUILTINS, CROSS_ENTROPY_BUILTIN_FIX, CROSS_ENTROPY_BUILTINS,
+                        adamw_forms, adamw_step, clip_expected, cross_entropy_variants, diagnose_schedule,
+                        name_clipping_mistake)
 
 
 def check_log_sum_exp(log_sum_exp: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -212,11 +212,7 @@ def check_clip_grads(clip_grads: Callable[[list[torch.Tensor], float], Any]) -> 
             if name == "above" and all(torch.equal(a, g) for a, g in zip(mine, grads)):
                 fail(f"{what} leaves the tensors as they were: they are not scaled in place",
                      "multiply each tensor in place (its mul_ method); a new tensor bound to a name changes nothing")
-            for mistake, (text, fix) in CLIPPING_MISTAKES.items():
-                wrong = clip_expected(grads, max_norm, mistake)
-                differs = not all(close(a, b, rtol=1e-9, atol=1e-15) for a, b in zip(wrong, expected))
-                if differs and all(close(a, b, rtol=1e-9, atol=1e-15) for a, b in zip(mine, wrong)):
-                    fail(text, fix, what)
+            name_clipping_mistake(mine, grads, max_norm, what, rtol=1e-9)
             worst = max((a - b).abs().max().item() for a, b in zip(mine, expected))
             fail(f"{what} differs from torch.nn.utils.clip_grad_norm_ by up to {worst:.3g}",
                  "one norm over every entry of every tensor; above the maximum, scale all of them by "
