@@ -338,7 +338,12 @@ def train(config: TrainConfig, *, resume: bool = False, requested: dict[str, Any
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
         with shape_checks(False):
-            return _run(config, checkpoint, device, procs, train_tokens, val_tokens, seq_len, stop_at, progress)
+            result = _run(config, checkpoint, device, procs, train_tokens, val_tokens, seq_len, stop_at, progress)
+        if procs.distributed:
+            # Rank 0 still writes the curve and the samples. A process that tore its process group down meanwhile
+            # could abort in gloo (SIGABRT, "terminate called without an active exception"): all leave together.
+            dist.barrier()
+        return result
     finally:
         if procs.distributed:
             dist.destroy_process_group()
