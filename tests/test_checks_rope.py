@@ -168,6 +168,13 @@ class Detached(Rope):
         return super().forward(x.detach(), token_positions)
 
 
+class RangeRefused(Rope):
+    """Converts token_positions itself, which a range of positions (notebooks 08 and 12) does not survive."""
+
+    def tables(self, x, token_positions):
+        return super().tables(x, token_positions.long())
+
+
 class WrongSignature(Rope):
     def __init__(self, d_k, theta, max_seq_len, device=None):
         super().__init__(theta, d_k, max_seq_len, device)
@@ -194,6 +201,7 @@ MUTANTS = {
     "promoted to float32": (PromotedToFloat32, "promoted it"),
     "angles in half precision": (AnglesInHalfPrecision, "angles are rounded to"),
     "detached": (Detached, "no gradient reaches x"),
+    "range refused": (RangeRefused, "token_positions=range(7, 12)) fails"),
     "wrong signature": (WrongSignature, "signature is (d_k, theta"),
 }
 
@@ -213,7 +221,7 @@ def test_tables_recomputed_in_every_call_are_fine():
 
         def forward(self, x, token_positions):
             k = torch.arange(self.d_k // 2, dtype=torch.float64)
-            angles = token_positions.double()[..., None] * self.theta ** (-2 * k / self.d_k)
+            angles = torch.as_tensor(token_positions).double()[..., None] * self.theta ** (-2 * k / self.d_k)
             cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
             even, odd = x[..., 0::2], x[..., 1::2]
             return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)

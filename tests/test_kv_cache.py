@@ -186,3 +186,23 @@ def test_shape_checks_off_gives_the_same_ids():
     with tfs.shape_checks(False):
         off = generate(model, prompt, CTX, temperature=0)
     assert torch.equal(off, generate(model, prompt, CTX, temperature=0))
+
+
+def test_a_cached_step_reads_the_device_twice_whatever_the_depth():
+    """The ids' range (cached_forward's check and the embedding's); none per layer: RoPE gets range(start, start + n)."""
+    reads = []
+
+    class Spy(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            reads.extend([func] if getattr(func, "__name__", "") in ("tolist", "item") else [])
+            return func(*args, **(kwargs or {}))
+
+    model = make()
+    caches = KVCache.for_model(model)
+    ids = torch.randint(0, model.vocab_size, (1, 6), generator=torch.Generator().manual_seed(0))
+    with Spy():
+        cached_forward(model, ids[:, :5], caches)
+    assert len(reads) == 2 and len(model.layers) > 1
+    with Spy():
+        cached_forward(model, ids[:, 5:], caches)
+    assert len(reads) == 4

@@ -220,3 +220,42 @@ def test_float_positions_are_refused():
 def test_empty_sequence():
     rope = RotaryPositionalEmbedding(THETA, D_K, MAX_SEQ_LEN)
     assert rope(random_x(2, 0, D_K), torch.zeros(0, dtype=torch.long)).shape == (2, 0, D_K)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_a_range_of_positions_rotates_as_the_same_positions_in_a_tensor(dtype):
+    rope = RotaryPositionalEmbedding(THETA, D_K, MAX_SEQ_LEN)
+    x = random_x(2, 3, SEQ, D_K, dtype=dtype)
+    assert torch.equal(rope(x, range(40, 40 + SEQ)), rope(x, torch.arange(40, 40 + SEQ)))
+    torch.testing.assert_close(rope(x, range(SEQ)).double(), rotate_complex(x, torch.arange(SEQ)), **tolerance(dtype))
+
+
+def test_a_range_is_checked_without_reading_the_device():
+    """A tensor of positions costs one read-back (aminmax, then tolist); a range costs none: its bounds are ints."""
+    rope = RotaryPositionalEmbedding(THETA, D_K, MAX_SEQ_LEN)
+    x = random_x(1, SEQ, D_K)
+    seen = []
+
+    class Spy(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    with Spy():
+        rope(x, range(3, 3 + SEQ))
+    assert not {"aminmax", "tolist", "item"} & set(seen), seen
+    with Spy():
+        rope(x, torch.arange(3, 3 + SEQ))
+    assert "aminmax" in seen  # the spy sees a tensor's check: the test above can fail
+
+
+@pytest.mark.parametrize("positions, message", [
+    (range(0, SEQ - 1), r"one per token \(range\(start, start \+ 7\)\), got range\(0, 6\)"),
+    (range(0, 2 * SEQ, 2), r"must be consecutive"),
+    (range(MAX_SEQ_LEN - SEQ + 1, MAX_SEQ_LEN + 1), r"\[0, 64\), got range\(58, 65\)"),
+    (range(-1, SEQ - 1), r"\[0, 64\), got range\(-1, 6\)"),
+])
+def test_bad_ranges_are_refused_with_the_numbers(positions, message):
+    rope = RotaryPositionalEmbedding(THETA, D_K, MAX_SEQ_LEN)
+    with pytest.raises(ValueError, match=message):
+        rope(random_x(SEQ, D_K), positions)

@@ -33,6 +33,12 @@ def rotate_heads(rope, q, k, token_positions=None):
     return rope(q, positions), rope(k, positions)
 
 
+def rotate_heads_with_a_range(rope, q, k, token_positions=None):
+    """The notebook's way: the default positions as range(seq), which RoPE checks without a read-back."""
+    positions = range(q.shape[-2]) if token_positions is None else token_positions.unsqueeze(-2)
+    return rope(q, positions), rope(k, positions)
+
+
 def draft(x, projections, num_heads, rope=None, token_positions=None, *, rotate=rotate_heads, mask=True, output=True,
           rope_v=False, attend=None):
     """The right multihead_draft, or one with a knob turned (a mistake)."""
@@ -127,6 +133,9 @@ ROTATE_MUTANTS = [
      "fails when token_positions is None"),
     (_rotate(default=lambda q: torch.arange(1, q.shape[-2] + 1)), "start at 1"),
     (_rotate(use_given=False), "token_positions is ignored"),
+    (lambda rope, q, k, token_positions=None: rotate_heads_with_a_range(rope, q, k, token_positions)
+     if token_positions is not None else (rope(q, range(q.shape[-1])), rope(k, range(q.shape[-1]))),  # d_k, not seq
+     "a range that is not the positions 0"),
     (_rotate(which="q"), "k is returned without its rotation"),
     (_rotate(which="k"), "q is returned without its rotation"),
     (_rotate(swap=True), "come back swapped"),
@@ -188,9 +197,10 @@ def test_the_right_steps_pass_with_one_line(capsys):
     check_causal_mask(causal_mask)
     check_causal_mask(lambda seq, device=None: torch.ones(seq, seq, dtype=torch.bool).tril().to(device))
     check_rotate_heads(rotate_heads)
+    check_rotate_heads(rotate_heads_with_a_range)
     check_multihead_draft(multihead_draft)
     lines = capsys.readouterr().out.splitlines()
-    assert [line[:2] for line in lines] == ["✓ "] * 8, lines
+    assert [line[:2] for line in lines] == ["✓ "] * 9, lines
 
 
 @pytest.mark.parametrize("mutant, phrase", SPLIT_MUTANTS, ids=[p for _, p in SPLIT_MUTANTS])

@@ -392,3 +392,28 @@ def test_generate_on_the_device(device):
     prompt = random_ids(3, device=device)
     out = generate(model, prompt, 5, generator=torch.Generator(device=device).manual_seed(0))
     assert out.device.type == device and out.shape == (5,)
+
+
+class _ReadBacks(torch.overrides.TorchFunctionMode):
+    """Counts the host read-backs of a forward: every value check reads min and max with aminmax, then tolist."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += getattr(func, "__name__", "") in ("tolist", "item")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("num_layers", [1, 4])
+def test_a_forward_reads_the_device_twice_whatever_its_depth(num_layers):
+    """The ids' range, in the LM and in its embedding; none per layer: the default positions reach RoPE as a range."""
+    torch.manual_seed(0)
+    model, ids = TransformerLM(V, CTX, D, num_layers, H, D_FF, THETA), random_ids(2, CTX)
+    with _ReadBacks() as spy:
+        model(ids)
+    assert spy.count == 2
+    with _ReadBacks() as spy:
+        model(ids, torch.arange(CTX))  # positions given as a tensor: RoPE checks them for q and k in every layer
+    assert spy.count == 2 + 2 * num_layers

@@ -1,6 +1,6 @@
 # Generated from notebooks/12_kv_cache.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: dcf6db66783c3e3ada4a082f339e4d8ed9b991cb9e48936dc373a4e21c246970
+# body-sha256: 2394569c5c6b75773b0b7410eb0d57de23b189feadabeb6a5c68415da17171ff
 
 import torch
 import torch.nn.functional as F
@@ -86,7 +86,7 @@ def cached_attention(attn: nn.Module, x: Float[Tensor, "batch new d_model"],
     start = cache.length
     q, k, v = (proj(x).view(batch, new, attn.num_heads, attn.d_k).transpose(1, 2)
                for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-    positions = torch.arange(start, start + new, device=x.device)
+    positions = range(start, start + new)  # consecutive: RoPE checks a range without a read-back
     q, k = attn.rope(q, positions), attn.rope(k, positions)
     keys, values = cache.append(k, v)
     mask = None if new == 1 else torch.ones(new, start + new, dtype=torch.bool, device=x.device).tril(diagonal=start)

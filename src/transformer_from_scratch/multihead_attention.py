@@ -1,6 +1,6 @@
 # Generated from notebooks/08_multihead_attention.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 1feea2e646507a880b4174a8a8e79377375d0bd94d85df83df0f4942bfc895b5
+# body-sha256: df5d8c35b455b06bc9ffbb43b28aa901d278955548ca7ff056f7b7adf482aa91
 
 import torch
 import torch.nn.functional as F
@@ -63,10 +63,10 @@ def _rotate_heads(
     """RoPE on the queries and keys of every head, the same rotation for every head of a sequence.
 
     The positions (..., seq) get a size-1 head axis, (..., 1, seq), so that they broadcast over the heads (and
-    (batch, seq) positions are not lined up with the heads). None means 0, 1, …, seq - 1.
+    (batch, seq) positions are not lined up with the heads). None means 0, 1, …, seq - 1, passed as range(seq).
     """
-    positions = torch.arange(q.shape[-2], device=q.device) if token_positions is None else token_positions
-    positions = positions.unsqueeze(-2)  # (..., 1, seq): the same rotation for every head
+    # None: 0 … seq-1 as a range, which RoPE checks without reading the device; given positions get the head axis
+    positions = range(q.shape[-2]) if token_positions is None else token_positions.unsqueeze(-2)
     return rope(q, positions), rope(k, positions)
 
 

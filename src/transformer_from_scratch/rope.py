@@ -1,6 +1,6 @@
 # Generated from notebooks/06_rope.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 82770227c3b3f51fbc5ba4a456d4024811f6e8948fafa26ae3184ac850ddd2d8
+# body-sha256: b06941ba4b13832dc5470451f212b0cf282d944dfb725bab1a075f320d95c17e
 
 import torch
 from jaxtyping import Float, Int
@@ -9,13 +9,23 @@ from torch import Tensor, nn
 from transformer_from_scratch.shapes import shape_checked
 
 
-def _checked_positions(token_positions: Tensor, x_shape: torch.Size, max_seq_len: int) -> Tensor:
-    """token_positions as int64, after checking its shape against x's and that every position lies in [0, max_seq_len).
+def _checked_positions(token_positions: Tensor | range, x_shape: torch.Size, max_seq_len: int) -> Tensor | slice:
+    """What indexes the tables: token_positions as int64, or, for a range of consecutive positions, the slice of them.
 
-    Raises ValueError naming the shapes, or the smallest and largest position found. Without the checks, a (1,)
-    vector would broadcast one angle over every token, a negative position would silently read the tables from
-    their end, and one past the end fails (asynchronously, on a GPU).
+    Checks that its shape fits x's and that every position lies in [0, max_seq_len), raising ValueError with the shapes,
+    or the smallest and largest position found. A tensor costs one read-back of its smallest and largest value from
+    the device; a range costs none (its bounds are Python ints), which is why attention passes range(seq) for the
+    default positions. Without the checks, a (1,) vector would broadcast one angle over every token, a negative
+    position would silently read the tables from their end, and one past the end fails (asynchronously, on a GPU).
     """
+    if isinstance(token_positions, range):
+        if token_positions.step != 1 or len(token_positions) != x_shape[-2]:
+            raise ValueError(f"RotaryPositionalEmbedding: a range of positions must be consecutive, one per token "
+                             f"(range(start, start + {x_shape[-2]})), got {token_positions} for x {tuple(x_shape)}")
+        if token_positions.start < 0 or token_positions.stop > max_seq_len:
+            raise ValueError(f"RotaryPositionalEmbedding: token_positions must lie in [0, max_seq_len) = "
+                             f"[0, {max_seq_len}), got {token_positions}")
+        return slice(token_positions.start, token_positions.stop)  # the tables' rows, a view: nothing to gather
     if token_positions.dtype.is_floating_point or token_positions.dtype == torch.bool:
         raise TypeError(f"RotaryPositionalEmbedding: token_positions must be integers, got dtype {token_positions.dtype}")
     if not _broadcasts_to(token_positions.shape, x_shape[:-1]):  # a few comparisons: stays on always
@@ -62,16 +72,16 @@ class RotaryPositionalEmbedding(nn.Module):
 
     @shape_checked
     def forward(
-        self, x: Float[Tensor, "*batch seq d_k"], token_positions: Int[Tensor, "*#batch seq"]
+        self, x: Float[Tensor, "*batch seq d_k"], token_positions: Int[Tensor, "*#batch seq"] | range
     ) -> Float[Tensor, "*batch seq d_k"]:
         """Rotate each token's pairs by the angles of its position: same shape and dtype as x (..., seq, d_k).
 
-        token_positions (..., seq): integers in [0, max_seq_len) whose leading dimensions broadcast against x's: one
-        (seq,) vector serves a whole batch, (batch, 1, seq) every head. Bad shapes or positions raise ValueError."""
+        token_positions (..., seq): integers in [0, max_seq_len), leading dimensions broadcasting against x's ((seq,)
+        serves a batch, (batch, 1, seq) every head), or range(start, start + seq). Bad ones raise ValueError."""
         if x.ndim < 2 or x.shape[-1] != self.d_k:
             raise ValueError(f"RotaryPositionalEmbedding: x's last dimension must be d_k={self.d_k}, "
                              f"got x of shape {tuple(x.shape)} (expected (..., seq, {self.d_k}))")
-        token_positions = _checked_positions(token_positions, x.shape, self.max_seq_len)
+        token_positions = _checked_positions(token_positions, x.shape, self.max_seq_len)  # a tensor or a slice
         compute = torch.promote_types(x.dtype, torch.float32)  # half precision is rotated in float32
         cos = self.cos_table[token_positions].to(compute)  # (..., seq, d_k/2): one angle per token and pair
         sin = self.sin_table[token_positions].to(compute)

@@ -84,7 +84,8 @@ def _summary(name: str, report: str) -> str | None:
     _, found, memo = report.partition("axis annotation are as follows.")
     sizes = ", ".join(f"{dim}={_size(value)}" for dim, value in re.findall(r"^(\w+)=(.+)$", memo, re.MULTILINE))
     known = f" (sizes so far: {sizes})" if found and sizes else ""
-    return f"{what} {actual[1]}, which does not fit {expected[1]}{known}"
+    wanted = re.sub(r"\bjaxtyping\.", "", expected[1])  # a union is printed with the module's name
+    return f"{what} {actual[1]}, which does not fit {wanted}{known}"
 
 
 def shape_checked(fn: F) -> F:

@@ -18,6 +18,7 @@ allocator, a clean peak-memory reading, no compiled code left over from another 
 * decode with a KV cache: tokens/s of `generate` (notebook 12: the cache) against the reference's own cached decode
   (`reference.greedy_decode_with_cache`: preallocated keys and values, F.scaled_dot_product_attention) and against
   our `generate(..., use_cache=False)`, batch 1, greedy, a 32-token prompt and 128 new tokens.
+* small forward: microseconds of one no-grad forward of the model on batch 1, 16 tokens, ours against the reference.
 * per call: microseconds of Linear, softmax and attention on a tiny input, checks on and off, against PyTorch's.
 * notebooks: each notebook's time under nbval, against the floor: the same command on a notebook whose only
   cell imports torch.
@@ -29,7 +30,7 @@ it keep the faster of two runs.
 Targets, on the CPU: checks off >= 0.9× the reference for training, fused >= 1.0×, make train's loop >= 0.9×
 PyTorch's, decode with
 checks off >= 0.9×, decode with the KV cache >= 1.0× the reference's cached decode and >= 5× ours without the
-cache, and the ten notebooks under nbval <= 2× ten floors. The table says which are met.
+cache, the small forward with checks off >= 1.0× the reference, and the ten notebooks under nbval <= 2× ten floors. The table says which are met.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ DECODE = dict(prompt=32, new_tokens=96)
 KV_DECODE_ROWS = ["reference, its KV cache", "ours, KV cache, checks off", "ours fused, KV cache, checks off",
                   "ours, no cache, checks off"]
 KV_DECODE = dict(prompt=32, new_tokens=128)
+SMALL_ROWS = ["reference", "ours, checks off", "ours fused, checks off"]
+SMALL = dict(batch=1, seq=16)
 
 
 # ---------------------------------------------------------------- one measurement, in its own process
@@ -230,6 +233,28 @@ def measure_kv_decode(row: str, device: str, repeats: int) -> dict:
         _sync(device)
         times.append(time.perf_counter() - start)
     return dict(tokens_per_s=len(new) / statistics.median(times))
+
+
+def measure_small_forward(row: str, device: str) -> dict:
+    """One forward pass without gradients on a small input (SMALL: batch 1, 16 tokens), the fastest of several
+    repeats: where the time goes to how many operations run, not to the arithmetic."""
+    import timeit
+
+    import torch
+
+    shape = SHAPES[device]
+    model = _build(row, device, dict(shape, seq=SMALL["seq"]))
+    ids = torch.randint(0, shape["vocab_size"], (SMALL["batch"], SMALL["seq"]),
+                        generator=torch.Generator().manual_seed(3)).to(device)
+
+    def forward() -> None:
+        model(ids)
+        _sync(device)
+
+    with torch.no_grad():
+        forward()
+        seconds = min(timeit.repeat(forward, number=50, repeat=5)) / 50
+    return dict(tokens_per_s=SMALL["batch"] * SMALL["seq"] / seconds, microseconds=seconds * 1e6)
 
 
 def measure_calls(device: str) -> dict:
@@ -402,6 +427,12 @@ def report(device: str, compile_rows: bool, notebooks: bool, rounds: int) -> str
     lines += [f"| {row} | {kv[row]['tokens_per_s']:,.1f} | {kv[row]['tokens_per_s'] / kv_ref:.2f} | "
               f"{kv[row]['tokens_per_s'] / kv_none:.2f} |" for row in KV_DECODE_ROWS]
     kv_ours, kv_fused = (kv[row]["tokens_per_s"] for row in ("ours, KV cache, checks off", "ours fused, KV cache, checks off"))
+    small = _best_of(rounds, "small", SMALL_ROWS, device)
+    small_ref = small["reference"]["tokens_per_s"]
+    lines += ["", f"**Small forward**: the model on batch {SMALL['batch']}, {SMALL['seq']} tokens, no gradient (the "
+              "training shape's model).", "", "| model | µs per forward | × ref |", "|---|---:|---:|"]
+    lines += [f"| {row} | {small[row]['microseconds']:,.0f} | {small[row]['tokens_per_s'] / small_ref:.2f} |"
+              for row in SMALL_ROWS]
     calls = _run_child("calls", "-", device)
     lines += ["", "**Per call** on a tiny input (1, 1, 64): microseconds, no gradient.", "",
               "| function | ours, checks on | ours, checks off | PyTorch's |", "|---|---:|---:|---:|"]
@@ -417,7 +448,10 @@ def report(device: str, compile_rows: bool, notebooks: bool, rounds: int) -> str
               f"- decode with the KV cache, checks off ≥ 1.0× the reference's cached decode: {_verdict(kv_ours / kv_ref, 1.0)}"
               f" (fused: {_verdict(kv_fused / kv_ref, 1.0)})",
               f"- decode with the KV cache ≥ 5× ours without it: {_verdict(kv_ours / kv_none, 5.0)}"
-              f" (fused: {_verdict(kv_fused / kv_none, 5.0)})"]
+              f" (fused: {_verdict(kv_fused / kv_none, 5.0)})",
+              f"- small forward, checks off ≥ 1.0× the reference: "
+              f"{_verdict(small['ours, checks off']['tokens_per_s'] / small_ref, 1.0)} (fused: "
+              f"{_verdict(small['ours fused, checks off']['tokens_per_s'] / small_ref, 1.0)})"]
     if notebooks:
         print("  notebooks under nbval …", file=sys.stderr, flush=True)
         nb = measure_notebooks()
@@ -453,6 +487,7 @@ def main(argv: list[str] | None = None) -> None:
                    "loop": lambda: measure_train_loop(row, device, steps=5 if device == "cpu" else 20),
                    "decode": lambda: measure_decode(row, device, repeats=3),
                    "kv_decode": lambda: measure_kv_decode(row, device, repeats=3),
+                   "small": lambda: measure_small_forward(row, device),
                    "matmul": lambda: measure_matmul(device),
                    "calls": lambda: measure_calls(device)}[kind]
         print(json.dumps(measure()))

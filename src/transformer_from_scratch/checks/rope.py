@@ -307,6 +307,24 @@ def _check_half(rope: nn.Module, gen: torch.Generator) -> None:
                  "looked-up cos and sin to x's dtype", f"on {_shapes(x, positions)}")
 
 
+def _check_range_positions(rope: nn.Module, gen: torch.Generator) -> None:
+    """token_positions as range(start, stop), as attention (notebook 08) and the KV cache (12) pass consecutive
+    positions: the rotation of those positions, with no tensor of them ever made."""
+    x = torch.randn(2, 3, 5, _D_K, generator=gen)
+    what = f"forward(x of shape {tuple(x.shape)}, token_positions=range(7, 12))"
+    fix = ("index the tables with what _checked_positions returns (a tensor, or a slice for a range), and use nothing "
+           "else of token_positions: attention passes range(seq) for its default positions")
+    try:
+        out = call(what, rope, x, range(7, 12))
+    except AssertionError as error:
+        if "raised" not in str(error).splitlines()[0]:
+            raise
+        fail(f"{what} fails", fix, str(error).splitlines()[0])
+    expected = _reference(x, torch.arange(7, 12), _THETA)
+    if not isinstance(out, Tensor) or out.shape != x.shape or not close(out.double(), expected, **_TOLERANCE):
+        fail(f"{what} is not the rotation of positions 7 … 11", fix)
+
+
 def check_rope(impl: type) -> None:
     """Check ``RotaryPositionalEmbedding(theta, d_k, max_seq_len, device=None)`` against an independent rotation.
 
@@ -317,7 +335,8 @@ def check_rope(impl: type) -> None:
     registered as buffers and created on the ``device`` given; the output (shape, dtype, values) for x of 2-D to
     4-D with token_positions (seq,), (batch, seq) and broadcast (batch, 1, seq), in float32 and float64, with
     positions in any order and repeated, two values of theta; every position up to max_seq_len - 1; the gradient
-    reaching x; bfloat16 and float16 inputs. Inputs come from a fixed seed on the CPU.
+    reaching x; bfloat16 and float16 inputs; token_positions given as a range of consecutive positions. Inputs come
+    from a fixed seed on the CPU.
 
     Mistakes it recognises:
         * half-split pairs (x[k], x[k + d_k/2]) (Hugging Face's rotate_half, notebook 06's first pitfall) instead of
@@ -335,7 +354,9 @@ def check_rope(impl: type) -> None:
         * tables that do not cover every position up to max_seq_len - 1;
         * the output promoted to float32 by the float32 tables (bfloat16 / float16 inputs); the angles
           rounded to bfloat16 / float16 before cos and sin;
-        * no gradient reaching x (a detached computation).
+        * no gradient reaching x (a detached computation);
+        * a range of positions not taken: the tables indexed with something other than what the given check
+          returns.
     """
     rope = _check_structure(impl)
     gen = generator(0)
@@ -357,6 +378,7 @@ def check_rope(impl: type) -> None:
     _check_float64_angles(impl, gen)
     _check_gradients(rope, gen)
     _check_half(rope, gen)
+    _check_range_positions(rope, gen)
     passed(f"check_rope: {_NAME} matches an independent complex rotation (torch.polar): interleaved pairs, "
-           "2-D to 4-D inputs, broadcast token_positions, float32/float64/bfloat16/float16, two thetas, every "
+           "2-D to 4-D inputs, broadcast token_positions and ranges, float32/float64/bfloat16/float16, two thetas, every "
            "position < max_seq_len, gradients, no parameters, empty state dict")

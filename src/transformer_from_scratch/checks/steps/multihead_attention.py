@@ -233,6 +233,12 @@ class _Rope(nn.Module):
         if x.shape[-1] != self.d_k:
             raise _Misuse("width", f"RotaryPositionalEmbedding: x's last dimension must be d_k={self.d_k}, got x of "
                                    f"shape {tuple(x.shape)}")
+        if isinstance(token_positions, range):  # consecutive positions, as the course's RoPE takes them
+            if token_positions.step != 1 or len(token_positions) != x.shape[-2] or token_positions.start < 0 \
+                    or token_positions.stop > self.max_seq_len:
+                raise _Misuse("range", f"rope(x of shape {tuple(x.shape)}, {token_positions}): a range must hold one "
+                                       f"position per token, consecutive, within [0, {self.max_seq_len})")
+            token_positions = torch.arange(token_positions.start, token_positions.stop)
         if token_positions.is_floating_point():
             raise _Misuse("float", f"token_positions must be integers, got {token_positions.dtype}")
         lead, where = tuple(x.shape[:-1]), tuple(token_positions.shape)
@@ -251,7 +257,10 @@ def _rope_crash(error: AssertionError, positions: Tensor | None, q: Tensor) -> N
         raise error
     if cause.kind == "none":
         fail("rope is called with token_positions=None", "when no positions are given, make the default "
-             "0, 1, …, seq - 1 yourself: torch.arange(seq, device=q.device)", str(cause))
+             "0, 1, …, seq - 1 yourself: range(seq), with seq = q.shape[-2]", str(cause))
+    if cause.kind == "range":
+        fail("rope gets a range that is not the positions 0, 1, …, seq - 1", "the default is range(seq), with seq "
+             "read off the sequence axis, q.shape[-2]", str(cause))
     if cause.kind == "width":
         fail("rope gets vectors of the wrong width: it rotates one head's d_k features",
              "rotate the split heads (..., heads, seq, d_k), never the (..., seq, d_model) projections", str(cause))
@@ -291,7 +300,7 @@ def check_rotate_heads(rotate_heads: Callable[..., tuple[Tensor, Tensor]]) -> No
         except AssertionError as error:
             if positions is None and _crash(error, (TypeError, AttributeError), "NoneType"):
                 fail("rotate_heads fails when token_positions is None", "None means the default positions: make "
-                     "them first, torch.arange(seq, device=q.device), then give them the head axis",
+                     "them first, range(seq) (with seq = q.shape[-2]): a range needs no head axis",
                      str(error.__cause__).splitlines()[0])
             _rope_crash(error, positions, q)
         if not isinstance(out, (tuple, list)) or len(out) != 2:
@@ -314,7 +323,7 @@ def check_rotate_heads(rotate_heads: Callable[..., tuple[Tensor, Tensor]]) -> No
             if positions is None:
                 variants.append((lambda t=source: reference.rotate(t, torch.arange(1, seq + 1), _THETA),
                                  "the default positions start at 1, but the first token sits at position 0",
-                                 "default to torch.arange(seq): 0, 1, …, seq - 1"))
+                                 "default to range(seq): 0, 1, …, seq - 1"))
             else:
                 variants.append((lambda t=source: reference.rotate(t, torch.arange(seq), _THETA),
                                  "token_positions is ignored: every token is rotated as if at positions 0 … seq-1",
