@@ -316,6 +316,9 @@ def test_smallest_font_follows_the_calls():
     assert slides.smallest_font_pt("draw(ax)", functions) == 8
     assert slides.smallest_font_pt("heatmap(ax, m, title='t', xlabel='x', ylabel='y')", {}) == slides.DEFAULT_FONT_PT
     assert slides.smallest_font_pt("heatmap(ax, m, title='t', xlabel='x', ylabel='y', annotate=True)", {}) < 10
+    # The same helper called twice, the second time with the small text: both calls count.
+    assert slides.smallest_font_pt("heatmap(ax, m, title='t', xlabel='x', ylabel='y')\n"
+                                   "heatmap(ax, m, title='t', xlabel='x', ylabel='y', annotate=True)", {}) < 10
     assert slides.smallest_font_pt("ax.legend(fontsize='small')", {}) == pytest.approx(8.33, abs=0.01)
 
 

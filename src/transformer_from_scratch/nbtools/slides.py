@@ -481,7 +481,7 @@ def smallest_font_pt(source: str, functions: dict[str, ast.FunctionDef]) -> floa
     if tree is None:
         return DEFAULT_FONT_PT
     everything = {**_plotting_functions(), **functions}
-    seen: set[str] = set()
+    seen: set[tuple] = set()
 
     def size_of(node: ast.AST) -> float | None:
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
@@ -508,9 +508,8 @@ def smallest_font_pt(source: str, functions: dict[str, ast.FunctionDef]) -> floa
             targets = [name] + [a.id for a in node.args if isinstance(a, ast.Name)]
             for target in targets:
                 definition = everything.get(target)
-                if definition is None or depth >= 4 or (target, depth) in seen:
+                if definition is None or depth >= 4:
                     continue
-                seen.add((target, depth))
                 arguments = definition.args
                 names = [a.arg for a in arguments.args + arguments.kwonlyargs]
                 defaults = dict(zip([a.arg for a in arguments.args][::-1], arguments.defaults[::-1]))
@@ -518,6 +517,10 @@ def smallest_font_pt(source: str, functions: dict[str, ast.FunctionDef]) -> floa
                 values = {n: (d.value if isinstance(d, ast.Constant) else True) for n, d in defaults.items()}
                 values.update({k.arg: (k.value.value if isinstance(k.value, ast.Constant) else True)
                                for k in node.keywords if k.arg in names})
+                key = (target, depth, tuple(sorted((k, repr(v)) for k, v in values.items())))
+                if key in seen:  # the same helper with the same arguments draws the same text: once is enough
+                    continue
+                seen.add(key)
                 visit(definition.body, values, depth + 1)
 
     visit(tree.body, {}, 0)
