@@ -262,6 +262,13 @@ class _Probe(nn.Module):
         self.w = nn.Parameter(torch.randn(3, 4, generator=gen, dtype=torch.float64))
         self.b = nn.Parameter(torch.randn(4, generator=gen, dtype=torch.float64))
         self.frozen = nn.Parameter(torch.randn(2, generator=gen, dtype=torch.float64))
+        self._gen = gen
+
+    def gradients(self, steps: int, scale: float = 1.0, frozen: bool = False) -> list[list[torch.Tensor | None]]:
+        """Random gradients of w and b for each of `steps` steps (times `scale`), and None for `frozen` if asked."""
+        return [[scale * torch.randn(3, 4, generator=self._gen, dtype=torch.float64),
+                 scale * torch.randn(4, generator=self._gen, dtype=torch.float64)] + ([None] if frozen else [])
+                for _ in range(steps)]
 
 
 def _trajectory(opt: Any, params: list[nn.Parameter], grads: list[list[torch.Tensor | None]], what: str,
@@ -327,12 +334,9 @@ def _matches(actual: list[list[torch.Tensor]], start: list[torch.Tensor], grads:
 
 def _adamw_algorithm(impl: type) -> None:
     """Four steps on three parameters (one never has a gradient): the trajectory of AdamW, or a named mistake."""
-    gen = generator(10)
-    probe = _Probe(gen)
-    params = [probe.w, probe.b, probe.frozen]
+    probe = _Probe(generator(10))
+    params, grads = [probe.w, probe.b, probe.frozen], probe.gradients(4, frozen=True)
     start = [p.detach().clone() for p in params]
-    grads = [[torch.randn(3, 4, generator=gen, dtype=torch.float64), torch.randn(4, generator=gen, dtype=torch.float64),
-              None] for _ in range(4)]
     hp = dict(lr=0.05, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.2)
     what = f"AdamW(params, lr={hp['lr']}, betas={hp['betas']}, eps={hp['eps']}, weight_decay={hp['weight_decay']})"
     opt = call(what, impl, params, **hp)
@@ -364,12 +368,9 @@ def _adamw_algorithm(impl: type) -> None:
 
 def _adamw_eps(impl: type) -> None:
     """Tiny gradients and a large ε, where ε's place decides the step."""
-    gen = generator(11)
-    probe = _Probe(gen)
-    params = [probe.w, probe.b]
+    probe = _Probe(generator(11))
+    params, grads = [probe.w, probe.b], probe.gradients(3, scale=1e-3)
     start = [p.detach().clone() for p in params]
-    grads = [[1e-3 * torch.randn(3, 4, generator=gen, dtype=torch.float64),
-              1e-3 * torch.randn(4, generator=gen, dtype=torch.float64)] for _ in range(3)]
     hp = dict(lr=0.01, betas=(0.9, 0.99), eps=1e-4, weight_decay=0.0)
     what = f"AdamW(params, eps={hp['eps']}) on gradients of about 1e-3"
     actual = _trajectory(call(what, impl, params, **hp), params, grads, what)
@@ -384,12 +385,9 @@ def _adamw_eps(impl: type) -> None:
 
 def _adamw_groups(impl: type) -> None:
     """Two parameter groups with their own lr and weight_decay."""
-    gen = generator(12)
-    probe = _Probe(gen)
-    params = [probe.w, probe.b]
+    probe = _Probe(generator(12))
+    params, grads = [probe.w, probe.b], probe.gradients(2)
     start = [p.detach().clone() for p in params]
-    grads = [[torch.randn(3, 4, generator=gen, dtype=torch.float64), torch.randn(4, generator=gen, dtype=torch.float64)]
-             for _ in range(2)]
     defaults = dict(lr=0.05, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.2)
     groups = [{"params": [probe.w]}, {"params": [probe.b], "lr": 0.3, "weight_decay": 0.0}]
     what = "AdamW([{'params': [w]}, {'params': [b], 'lr': 0.3, 'weight_decay': 0.0}], lr=0.05, weight_decay=0.2)"
@@ -409,12 +407,9 @@ def _adamw_groups(impl: type) -> None:
 
 def _adamw_schedule(impl: type) -> None:
     """A learning rate written into the param groups before each step, as a schedule does."""
-    gen = generator(13)
-    probe = _Probe(gen)
-    params = [probe.w, probe.b]
+    probe = _Probe(generator(13))
+    params, grads = [probe.w, probe.b], probe.gradients(3)
     start = [p.detach().clone() for p in params]
-    grads = [[torch.randn(3, 4, generator=gen, dtype=torch.float64), torch.randn(4, generator=gen, dtype=torch.float64)]
-             for _ in range(3)]
     hp = dict(lr=0.05, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.2)
     lrs = [0.01, 0.1, 0.03]
     what = "AdamW with group['lr'] set to 0.01, 0.1, 0.03 before steps 1, 2, 3 (as a schedule does)"
@@ -430,11 +425,8 @@ def _adamw_schedule(impl: type) -> None:
 def _adamw_state_dict(impl: type) -> None:
     """Three steps, state_dict() into a new optimizer on copies of the parameters, two more steps: as if never
     stopped."""
-    gen = generator(14)
-    probe = _Probe(gen)
-    params = [probe.w, probe.b]
-    grads = [[torch.randn(3, 4, generator=gen, dtype=torch.float64), torch.randn(4, generator=gen, dtype=torch.float64)]
-             for _ in range(5)]
+    probe = _Probe(generator(14))
+    params, grads = [probe.w, probe.b], probe.gradients(5)
     hp = dict(lr=0.05, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.2)
     what = "AdamW resumed from its state_dict() after 3 steps"
     opt = call("AdamW(params)", impl, params, **hp)

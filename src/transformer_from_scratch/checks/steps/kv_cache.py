@@ -207,7 +207,7 @@ def check_attention_step(attention_step: Callable[..., Tensor]) -> None:
         variants = [
             (lambda: _attention_steps(attn, x, restart=True), "the positions restart at 0 at every call: the new "
              "tokens are rotated as if they started the sequence", "rotate at the absolute positions "
-             "start … start + n - 1: torch.arange(start, start + n)"),
+             "start … start + n - 1: range(start, start + n)"),
             (lambda: _attention_steps(attn, x, rotate_again=True), "the cached keys are rotated again: they were "
              "rotated when they were cached, and a second rotation moves them to twice their position",
              "rotate only the new keys, before writing them into the cache; use the cached ones as they are"),
