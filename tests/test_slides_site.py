@@ -315,10 +315,12 @@ def test_smallest_font_follows_the_calls():
     assert slides.smallest_font_pt("ax.plot([1, 2])", {}) == slides.DEFAULT_FONT_PT
     assert slides.smallest_font_pt("draw(ax)", functions) == 8
     assert slides.smallest_font_pt("heatmap(ax, m, title='t', xlabel='x', ylabel='y')", {}) == slides.DEFAULT_FONT_PT
-    assert slides.smallest_font_pt("heatmap(ax, m, title='t', xlabel='x', ylabel='y', annotate=True)", {}) < 10
-    # The same helper called twice, the second time with the small text: both calls count.
-    assert slides.smallest_font_pt("heatmap(ax, m, title='t', xlabel='x', ylabel='y')\n"
-                                   "heatmap(ax, m, title='t', xlabel='x', ylabel='y', annotate=True)", {}) < 10
+    # A helper's branch counts only when the call takes it; the same helper called twice counts both calls.
+    functions = web.definitions(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "def bars(ax, labelled=False):\n    ax.bar([1], [2])\n    if labelled:\n        ax.text(1, 1, 'x', fontsize=7)\n")]))
+    assert slides.smallest_font_pt("bars(ax)", functions) == slides.DEFAULT_FONT_PT
+    assert slides.smallest_font_pt("bars(ax, labelled=True)", functions) == 7
+    assert slides.smallest_font_pt("bars(ax)\nbars(ax, labelled=True)", functions) == 7
     assert slides.smallest_font_pt("ax.legend(fontsize='small')", {}) == pytest.approx(8.33, abs=0.01)
 
 

@@ -45,8 +45,7 @@ def heatmap(
             for j in range(values.shape[1]):
                 value = values[i, j].item()
                 text = "0" if value == 0 else f"{value:.2f}"
-                ax.text(j, i, text, ha="center", va="center", fontsize=9,
-                        color="black" if value > middle else "white")
+                ax.text(j, i, text, ha="center", va="center", color="black" if value > middle else "white")
     if colorbar is not None:
         ax.figure.colorbar(image, ax=ax, label=colorbar, fraction=0.046, pad=0.04)
 
