@@ -136,6 +136,9 @@ ROTATE_MUTANTS = [
     (lambda rope, q, k, token_positions=None: rotate_heads_with_a_range(rope, q, k, token_positions)
      if token_positions is not None else (rope(q, range(q.shape[-1])), rope(k, range(q.shape[-1]))),  # d_k, not seq
      "a range that is not the positions 0"),
+    (lambda rope, q, k, token_positions=None: rotate_heads(rope, q, k, token_positions) if token_positions is not None
+     else (rope(q, range(q.shape[-2]).unsqueeze(-2)), rope(k, range(q.shape[-2]).unsqueeze(-2))),
+     "treats the default range(seq) as a tensor"),
     (_rotate(which="q"), "k is returned without its rotation"),
     (_rotate(which="k"), "q is returned without its rotation"),
     (_rotate(swap=True), "come back swapped"),

@@ -298,6 +298,10 @@ def check_rotate_heads(rotate_heads: Callable[..., tuple[Tensor, Tensor]]) -> No
         try:
             out = call(what, rotate_heads, _Rope(d_k), q.clone(), k.clone(), positions)
         except AssertionError as error:
+            if positions is None and _crash(error, (TypeError, AttributeError), "'range' object"):
+                fail("rotate_heads treats the default range(seq) as a tensor", "a range is the same for every "
+                     "sequence and head: pass range(seq) to rope as it is; only given positions get .unsqueeze(-2)",
+                     str(error.__cause__).splitlines()[0])
             if positions is None and _crash(error, (TypeError, AttributeError), "NoneType"):
                 fail("rotate_heads fails when token_positions is None", "None means the default positions: make "
                      "them first, range(seq) (with seq = q.shape[-2]): a range needs no head axis",
