@@ -18,7 +18,8 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 # The H2 headings of every notebook, in order: exactly these (the "Why" one names the component).
 SECTIONS = ["## Setup", "## Why ", "## The maths", "## Build it step by step", "## See it", "## The final class",
             "## Verify", "## Pitfalls", "## Exercises", "## Recap and next"]
-MACHINE_PATH = re.compile(r"/home/|/root/|/tmp/|/work/|/Users/|[A-Za-z]:\\\\")
+# A Windows drive letter stands alone before its backslash (C:\Users); the "s:" of "blocks:\n" in a title is not one.
+MACHINE_PATH = re.compile(r"/home/|/root/|/tmp/|/work/|/Users/|(?<![A-Za-z])[A-Za-z]:\\\\")
 MAX_CELL_LINES = 50  # about a screen
 
 
