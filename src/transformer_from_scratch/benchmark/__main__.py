@@ -28,9 +28,9 @@ A shared machine's speed drifts by tens of percent from minute to minute, so eac
 it keep the faster of two runs.
 
 Targets, on the CPU: checks off >= 0.9× the reference for training, fused >= 1.0×, make train's loop >= 0.9×
-PyTorch's, decode with
-checks off >= 0.9×, decode with the KV cache >= 1.0× the reference's cached decode and >= 5× ours without the
-cache, the small forward with checks off >= 1.0× the reference, and the ten notebooks under nbval <= 2× ten floors. The table says which are met.
+PyTorch's, decode with checks off >= 0.9×, decode with the KV cache >= 1.0× the reference's cached decode and >= 5×
+ours without the cache, the small forward with checks off >= 1.0× the reference, and the notebooks under nbval
+<= 2× their floors. The table says which are met.
 """
 
 from __future__ import annotations
@@ -383,7 +383,8 @@ def report(device: str, compile_rows: bool, notebooks: bool, rounds: int) -> str
 
     shape = SHAPES[device]
     machine = (f"{_cpu_name()}, {os.cpu_count()} cores" if device == "cpu" else torch.cuda.get_device_name())
-    lines = [f"Benchmark of {datetime.date.today().isoformat()}: {machine}; torch {torch.__version__}, "
+    threads = f", {torch.get_num_threads()} torch thread(s)" if device == "cpu" else ""
+    lines = [f"Benchmark of {datetime.date.today().isoformat()}: {machine}{threads}; torch {torch.__version__}, "
              f"Python {platform.python_version()}.", ""]
     flops = 3 * shape["batch"] * tfs.count_resources(shape["vocab_size"], shape["seq"], shape["d_model"],
                                                      shape["num_layers"], shape["num_heads"],
@@ -456,13 +457,13 @@ def report(device: str, compile_rows: bool, notebooks: bool, rounds: int) -> str
         print("  notebooks under nbval …", file=sys.stderr, flush=True)
         nb = measure_notebooks()
         total, floors = sum(nb["notebooks"].values()), sum(nb["floors"].values())
-        lines.append(f"- the ten notebooks under nbval ≤ 2× the floor: {'met' if total <= 2 * floors else 'missed'}: "
+        lines.append(f"- the {len(nb['notebooks'])} notebooks under nbval ≤ 2× the floor: {'met' if total <= 2 * floors else 'missed'}: "
                      f"{total:.0f} s against {floors:.0f} s, {total / floors:.2f}×")
         lines += ["", "**Notebooks** under nbval, each against the floor measured just before it (a notebook whose only "
                   "cell imports torch).", "", "| notebook | seconds | floor | × floor |", "|---|---:|---:|---:|"]
         lines += [f"| {name} | {seconds:.1f} | {nb['floors'][name]:.1f} | {seconds / nb['floors'][name]:.2f} |"
                   for name, seconds in nb["notebooks"].items()]
-        lines.append(f"| all ten | {total:.1f} | {floors:.1f} | {total / floors:.2f} |")
+        lines.append(f"| all {len(nb['notebooks'])} | {total:.1f} | {floors:.1f} | {total / floors:.2f} |")
     return "\n".join(lines) + "\n"
 
 
