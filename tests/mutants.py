@@ -39,3 +39,16 @@ def assert_random_state_kept(check: Callable[[Any], None], impl: Any) -> None:
     torch.manual_seed(123)
     check(impl)
     assert torch.equal(torch.rand(3), expected)
+
+
+def each_mistake_of(table: list[tuple[Callable[[Any], None], list[tuple[Any, str]]]]):
+    """``pytest.mark.parametrize("check, mutant, phrase", ...)`` over a table of several checks and their mutants,
+    [(check, [(mutant, phrase), ...]), ...], each case named "<check>: <phrase>"."""
+    cases = [(check, mutant, phrase) for check, mutants in table for mutant, phrase in mutants]
+    return pytest.mark.parametrize("check, mutant, phrase", cases, ids=[f"{c.__name__}: {p}" for c, _, p in cases])
+
+
+def assert_named_in(table: list[tuple[Callable[[Any], None], list[tuple[Any, str]]]], check: Callable[[Any], None],
+                    mutant: Any, phrase: str) -> None:
+    """assert_own_verdict against the other mutants of the same check in the table."""
+    assert_own_verdict(check, mutant, phrase, next(m for c, m in table if c is check))

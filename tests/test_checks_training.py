@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
+from mutants import assert_named_in, assert_phrases_distinct, assert_random_state_kept, each_mistake_of
 from transformer_from_scratch import (AdamW, cross_entropy, get_batch, gradient_clipping, load_checkpoint,
                                       lr_cosine_schedule, save_checkpoint)
 from transformer_from_scratch.checks import (check_adamw, check_checkpoint, check_cross_entropy, check_get_batch,
@@ -364,11 +364,9 @@ def test_pytorch_own_adamw_passes():
     check_adamw(TorchAdamW)
 
 
-@pytest.mark.parametrize("check, mutant, phrase", [(check, m, p) for check, mutants in ALL for m, p in mutants],
-                         ids=[f"{check.__name__}: {p}" for check, mutants in ALL for _, p in mutants])
+@each_mistake_of(ALL)
 def test_each_mistake_is_named(check, mutant, phrase):
-    mutants = next(m for c, m in ALL if c is check)
-    assert_own_verdict(check, mutant, phrase, mutants)
+    assert_named_in(ALL, check, mutant, phrase)
 
 
 def test_the_phrases_are_distinct():

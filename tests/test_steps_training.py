@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
+from mutants import assert_named_in, assert_phrases_distinct, assert_random_state_kept, each_mistake_of
 from transformer_from_scratch.checks.steps.training import (check_adamw_update, check_clip_grads, check_log_sum_exp,
                                                             check_mean_cross_entropy, check_sample_windows,
                                                             check_warmup_cosine)
@@ -228,11 +228,9 @@ def test_the_right_steps_pass_with_one_line(capsys):
     assert [line[:2] for line in lines] == ["✓ "] * 7, lines
 
 
-@pytest.mark.parametrize("check, mutant, phrase", [(check, m, p) for check, mutants in ALL for m, p in mutants],
-                         ids=[f"{check.__name__}: {p}" for check, mutants in ALL for _, p in mutants])
+@each_mistake_of(ALL)
 def test_each_mistake_is_named(check, mutant, phrase):
-    mutants = next(m for c, m in ALL if c is check)
-    assert_own_verdict(check, mutant, phrase, mutants)
+    assert_named_in(ALL, check, mutant, phrase)
 
 
 def test_the_phrases_are_distinct():
