@@ -1,6 +1,6 @@
 # Generated from notebooks/12_kv_cache.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 2394569c5c6b75773b0b7410eb0d57de23b189feadabeb6a5c68415da17171ff
+# body-sha256: 5e43dc40187852e1cfedcbc5a3f0c47168cec30aae8e1c55bc3b32f66c39aff3
 
 import torch
 import torch.nn.functional as F
@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from transformer_from_scratch.attention import scaled_dot_product_attention
 from transformer_from_scratch.shapes import shape_checked
-from transformer_from_scratch.transformer_lm import TransformerLM, _check_sampling, next_token_distribution
+from transformer_from_scratch.transformer_lm import TransformerLM, _check_generate, next_token_distribution
 from transformer_from_scratch.transformer_lm import generate as generate_uncached
 
 
@@ -169,12 +169,7 @@ def generate_with_cache(model: nn.Module, prompt_ids: Int[Tensor, "prompt"], max
     if not use_cache or not all(hasattr(model, part) for part in _PARTS):
         return generate_uncached(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k,
                                  top_p=top_p, generator=generator, eos_id=eos_id)
-    if prompt_ids.ndim != 1 or prompt_ids.numel() == 0:
-        raise ValueError(f"generate needs the prompt as one non-empty sequence of ids, shape (prompt,), got "
-                         f"shape {tuple(prompt_ids.shape)}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    _check_sampling(temperature, top_k, top_p)
+    _check_generate(prompt_ids, max_new_tokens, temperature, top_k, top_p)
     caches = KVCache.for_model(model)
     ids, origin = prompt_ids, 0                  # the caches hold ids[origin : origin + caches[0].length]
     for _ in range(max_new_tokens):

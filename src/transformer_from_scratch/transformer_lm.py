@@ -1,6 +1,6 @@
 # Generated from notebooks/10_transformer_lm.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 1ea088b125d5e5b6a204f2423fe35eea19b7d001990a440bcd2fedc2fdb5c6b2
+# body-sha256: ee96da12886e661b6811249ac6fd55f9a408f0c7cc78d218951492c7b17b2bda
 
 import torch
 from jaxtyping import Float, Int, Integer
@@ -37,6 +37,18 @@ def _check_input(model: "TransformerLM", token_ids: Tensor) -> None:
         if low < 0 or high >= model.vocab_size:
             raise ValueError(f"TransformerLM: token ids must be in [0, {model.vocab_size - 1}] (vocab_size="
                              f"{model.vocab_size}), got ids from {low} to {high}")
+
+
+def _check_generate(prompt_ids: Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
+                    top_p: float | None) -> None:
+    """generate's checks (and the cached generate's, notebook 12): the prompt, the count, and the sampling
+    arguments (_check_sampling, with next_token_distribution below)."""
+    if prompt_ids.ndim != 1 or prompt_ids.numel() == 0:
+        raise ValueError(f"generate needs the prompt as one non-empty sequence of ids, shape (prompt,), got "
+                         f"shape {tuple(prompt_ids.shape)}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    _check_sampling(temperature, top_k, top_p)
 
 
 class TransformerLM(nn.Module):
@@ -189,12 +201,7 @@ def generate(model: nn.Module, prompt_ids: Int[Tensor, "prompt"], max_new_tokens
         ValueError: the prompt is not one non-empty sequence, max_new_tokens < 0, or a sampling argument is
             out of range (see next_token_distribution).
     """
-    if prompt_ids.ndim != 1 or prompt_ids.numel() == 0:
-        raise ValueError(f"generate needs the prompt as one non-empty sequence of ids, shape (prompt,), got "
-                         f"shape {tuple(prompt_ids.shape)}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    _check_sampling(temperature, top_k, top_p)
+    _check_generate(prompt_ids, max_new_tokens, temperature, top_k, top_p)
     ids = prompt_ids
     for _ in range(max_new_tokens):
         window = ids[-model.context_length:]                   # the last context_length ids at most
