@@ -102,6 +102,16 @@ def test_slides_follow_the_notebook_structure(notebook):
         recap = next(i for i, c in enumerate(cells) if c.source.startswith("## Recap"))
         assert recap < appendix
 
+    final = next(i for i, c in enumerate(source.cells) if c.source.startswith("## The final class"))
+    exported = [i for i, c in enumerate(source.cells) if c.cell_type == "code" and c.source.startswith("#| export")
+                and i > final]
+    appendix = next(i for i, c in enumerate(cells) if c.source.startswith(f"## {slides.APPENDIX_PREFIX}"))
+    outlined = [i for i, c in enumerate(cells) if c.metadata.get("course_source") in exported]
+    assert outlined and min(outlined) > appendix, "the final class's outline is in the appendix, out of the lecture"
+    task = next(i for i, c in enumerate(cells) if c.source.startswith("## The final class"))
+    assert task < appendix and "Your turn" in "".join(c.source for c in cells[task:appendix]), \
+        "the final class's task stays in the lecture"
+
     shown = [cell for cell in cells if _slide_type(cell) != "notes"]
     h3 = [line for cell in source.cells if cell.cell_type == "markdown"
           for line in cell.source.splitlines() if line.startswith("### ")]

@@ -31,9 +31,10 @@ follows and sets ``metadata.slideshow.slide_type`` on a copy (the notebook file 
 * What the learners write is never on a slide: the final class (``#| export`` cells) shows as its outline
   (signatures and the first line of each docstring), and a step's solution region as ``...``. With
   ``--solutions`` (the instructor's decks) the full code goes into the speaker notes.
-* The appendix: ``## Verify`` and the final class's ``### Check it`` move after the recap, as uncounted slides
-  (reveal.js's ``data-visibility="uncounted"``): in the deck, out of the lecture's path. A step's self-check
-  shows its output only.
+* The appendix: ``## Verify``, the final class's ``### Check it`` and the rest of ``## The final class`` after its
+  first cell (the task stays in the lecture; the outline, a reference for the workshop, moves) go after the recap,
+  as uncounted slides (reveal.js's ``data-visibility="uncounted"``): in the deck, out of the lecture's path. A
+  step's self-check shows its output only.
 * ``<details>`` blocks (hints, answers) move to the speaker notes: press S for the speaker view.
 * A widget's controls become a one-line note naming them, above the default figure the notebook stored.
 
@@ -69,6 +70,9 @@ INSTRUCTOR_OUT = REPO / "build" / "slides-instructor"
 SKIPPED_SECTIONS = ("## Setup",)
 APPENDIX_SECTIONS = ("## Verify",)  # moved after the recap
 APPENDIX_PARTS = ("### Check it",)  # a ### part moved into the appendix, from wherever it is
+# A section whose first cell (its heading and the task) stays in the lecture and the rest moves to the appendix: the
+# final class's outline is the workshop's reference, not the lecture's (each of its steps was on a slide already).
+APPENDIX_AFTER_INTRO = ("## The final class",)
 APPENDIX_PREFIX = "Appendix · "
 CODE_LINES = 12  # longer code shows its output only
 OUTPUT_LINES = 16  # printed output beyond this many (wrapped) lines is cut, saying how much is left out
@@ -1038,6 +1042,8 @@ class DeriveSlides(Preprocessor):
         lecture: list[Piece] = []
         appendix: dict[str, list[Piece]] = {}
         section = part = ""
+        section_start = 0
+        outlined: list[str] = []  # the final class's public names, listed at the top of the appendix
         for index, cell in enumerate(nb.cells):
             if "guided-only" in cell.metadata.get("tags", []):
                 continue  # the note on how to start the workshop: for a reader of the guided notebook alone
@@ -1045,7 +1051,7 @@ class DeriveSlides(Preprocessor):
                 for line in cell.source.splitlines():
                     if line.startswith("## "):
                         section = line.strip() if not line.startswith("## Why") else "## Why"
-                        part = ""
+                        part, section_start = "", index
                     elif line.startswith("### "):
                         part = line.strip()
                 if section in SKIPPED_SECTIONS:
@@ -1068,9 +1074,13 @@ class DeriveSlides(Preprocessor):
                 appendix.setdefault(section, []).extend(new)
             elif part in APPENDIX_PARTS:
                 appendix.setdefault(part, []).extend(new)
+            elif section in APPENDIX_AFTER_INTRO and index > section_start:
+                appendix.setdefault(section, []).extend(new)
+                if cell.cell_type == "code" and cell.source.startswith("#| export"):
+                    outlined.extend(_public_names(cell.source))
             else:
                 lecture.extend(new)
-        pieces = lecture + _appendix(appendix)
+        pieces = lecture + _appendix(appendix, outlined)
         _orphaned_colons(pieces)
         nb.cells = layout(pieces)
         return nb, resources
@@ -1091,17 +1101,43 @@ def _orphaned_colons(pieces: list[Piece]) -> None:
             piece.cell.source = piece.cell.source.rstrip()[:-1] + "."
 
 
-def _appendix(parts: dict[str, list[Piece]]) -> list[Piece]:
-    """One ## slide "Appendix · Verify" holding the moved parts: the checks first, then Verify's content."""
+def _public_names(source: str) -> list[str]:
+    """The classes and functions a cell defines at its top level, but those whose name starts with an underscore."""
+    try:
+        tree = ast.parse("\n".join(line for line in source.splitlines() if not line.startswith(("%", "!"))))
+    except SyntaxError:
+        return []
+    return [node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))
+            and not node.name.startswith("_")]
+
+
+def _appendix(parts: dict[str, list[Piece]], outlined: list[str] = ()) -> list[Piece]:
+    """One ## slide "Appendix · The final class · Verify" holding the moved parts: the final class's check, its
+    outline, then Verify's content. A sentence under the heading names what the appendix holds, so that its first
+    page is not a heading alone when the outline needs a page of its own."""
     if not parts:
         return []
-    order = [key for key in parts if key.startswith("### ")] + [key for key in parts if key.startswith("## ")]
-    names = [re.sub(r"^#+ ", "", key) for key in parts if key.startswith("## ")] or ["Checks"]
+    order = ([key for key in parts if key.startswith("### ")] + [key for key in APPENDIX_AFTER_INTRO if key in parts]
+             + [key for key in parts if key.startswith("## ") and key not in APPENDIX_AFTER_INTRO])
+    names = [re.sub(r"^#+ ", "", key) for key in order if key.startswith("## ")] or ["Checks"]
     heading = nbformat.v4.new_markdown_cell(f"## {APPENDIX_PREFIX}{' · '.join(names)}")
     pieces = [Piece(heading, "slide", HEADING[2] + GAP, heading.source[3:])]
-    for key in order:
+    held = ["the final class's check" for key in order if key in APPENDIX_PARTS][:1]
+    if outlined:
+        whose = "its" if held else "the final class's"
+        listed = ", ".join(f"`{name}`" for name in outlined)
+        held.append(f"{whose} outline ({listed}), the signatures and docstrings the learners fill in")
+    held += [f"*{name}*" for name in names if name not in ("The final class", "Checks")]
+    if held:
+        sentence = f"For the workshop: {'; '.join(held[:-1])}{'; and ' if len(held) > 1 else ''}{held[-1]}."
+        intro = nbformat.v4.new_markdown_cell(sentence)
+        pieces.append(Piece(intro, "flow", _markdown_height(sentence, REPO / "notebooks")))
+    for number, key in enumerate(order):
         for piece in parts[key]:
-            if piece.kind == "slide":  # the section's own heading: the appendix has one
+            if piece.kind == "slide":  # the section's own heading: the appendix has one; a later section its sub-slide
+                if number and key.startswith("## "):
+                    name = key[3:]
+                    pieces.append(Piece(nbformat.v4.new_markdown_cell(f"### {name}"), "subslide", HEADING[3] + GAP, name))
                 continue
             pieces.append(piece)
     for piece in pieces:
