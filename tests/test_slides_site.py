@@ -483,3 +483,24 @@ def test_the_landing_page_is_for_learners():
     local = [h for h in hrefs if not re.match(r"[a-z]+:", h)]
     known = {"index.html"} | {f"{p.stem}.html" for p in pages} | {f"{p.stem}.slides.html" for p in pages}
     assert set(local) <= known | {"data:,"}, "no link to a page the site does not have"
+
+
+# README's and the site's promise to lecturers: a deck's lecture (the slides before the appendix) is 23 to 36 slides,
+# and the two longest decks make two sessions of at most 36, the second starting at "## See it".
+LECTURE_SLIDES = (23, 36)
+TWO_SESSIONS = {"10_transformer_lm", "11_training"}
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_lecture_fits_a_session(notebook):
+    pages = _pages(_derive(notebook))
+    starts = [page[0].source.splitlines()[0] if page else "" for page in pages]
+    lecture = next(i for i, line in enumerate(starts) if line.startswith(f"## {slides.APPENDIX_PREFIX}"))
+    low, high = LECTURE_SLIDES
+    if notebook.stem in TWO_SESSIONS:
+        second = starts.index("## See it")
+        sessions = [second, lecture - second]
+    else:
+        sessions = [lecture]
+    assert all(n <= high for n in sessions) and sum(sessions) >= low, \
+        f"{notebook.stem}: lecture slides per session {sessions}, the promise is {low} to {high}"
