@@ -1103,15 +1103,12 @@ def _orphaned_colons(pieces: list[Piece]) -> None:
 
 def _public_names(source: str) -> list[str]:
     """The classes and functions a cell defines at its top level, but those whose name starts with an underscore."""
-    try:
-        tree = ast.parse("\n".join(line for line in source.splitlines() if not line.startswith(("%", "!"))))
-    except SyntaxError:
-        return []
-    return [node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))
+    tree = web._parse(source)
+    return [node.name for node in (tree.body if tree else []) if isinstance(node, (ast.ClassDef, ast.FunctionDef))
             and not node.name.startswith("_")]
 
 
-def _appendix(parts: dict[str, list[Piece]], outlined: list[str] = ()) -> list[Piece]:
+def _appendix(parts: dict[str, list[Piece]], outlined: tuple[str, ...] | list[str] = ()) -> list[Piece]:
     """One ## slide "Appendix · The final class · Verify" holding the moved parts: the final class's check, its
     outline, then Verify's content. A sentence under the heading names what the appendix holds, so that its first
     page is not a heading alone when the outline needs a page of its own."""
