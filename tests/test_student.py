@@ -1,6 +1,7 @@
 """`make student`: the exercise edition blanks what the learner builds, points their notebooks at their own
 package, never touches the guided notebooks or src/, and never overwrites a learner's edit."""
 
+import ast
 import hashlib
 import importlib
 import json
@@ -134,6 +135,26 @@ def test_a_stuck_learner_continues_with_the_reference_in_one_line(learner_packag
     assert load().Linear is transformer_from_scratch.Linear
     export.export_notebook(out / "01_linear.ipynb")  # and back to their own (stub) version, no complaint
     assert load().Linear is not transformer_from_scratch.Linear
+
+
+def test_with_every_module_taken_from_the_reference_every_notebook_imports_what_it_needs(learner_package):
+    """A learner stuck in every notebook can still run the next: each `from my_transformer… import …` that a student
+    notebook makes (private helpers such as transformer_lm's `_check_generate` included) finds its names in the
+    modules re-exported from the reference."""
+    out, load = learner_package
+    for notebook in sorted(out.glob("[0-9][0-9]_*.ipynb")):
+        export.export_notebook(notebook, reference=True, quiet=True)
+    load()
+    imports = set()
+    for notebook in sorted(out.glob("[0-9][0-9]_*.ipynb")):
+        for cell in _code(notebook):
+            python = "\n".join(line for line in cell.splitlines() if not line.lstrip().startswith(("%", "!")))
+            imports |= {(node.module, alias.name) for node in ast.walk(ast.parse(python))
+                        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("my_transformer")
+                        for alias in node.names}
+    assert ("my_transformer.transformer_lm", "_check_generate") in imports
+    for module, name in sorted(imports):
+        assert hasattr(importlib.import_module(module), name), f"{module} has no {name} once taken from the reference"
 
 
 def test_reference_mode_is_refused_in_the_guided_notebooks():

@@ -214,20 +214,22 @@ def export_notebook(notebook: str | Path, *, force: bool = False, quiet: bool = 
 
 
 def _reference_module(notebook: Path, target: Path) -> tuple[list[str], str]:
-    """The public names of the reference module for ``notebook``, and a module body that re-exports them."""
+    """The public names of the reference module for ``notebook``, and a module body that re-exports every name it
+    defines: the private helpers too, which later notebooks import (12 takes transformer_lm's ``_check_generate``)."""
     if target.parent.name != STUDENT_PACKAGE:
         raise ExportError(f"{notebook.name}: reference=True is for the student edition; this notebook *is* the reference")
     module = module_name(notebook)
     reference = Path(__file__).resolve().parents[1] / f"{module}.py"
     tree = ast.parse(reference.read_text(encoding="utf-8"))
-    names = [node.name for node in tree.body
-             if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and not node.name.startswith("_")]
+    definitions = [node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))]
+    defined = definitions + [assigned.id for node in tree.body if isinstance(node, ast.Assign)
+                             for assigned in node.targets if isinstance(assigned, ast.Name)]
     source = (
         f'# The course\'s reference, chosen with export_notebook("{notebook.name}", reference=True).\n'
         f'# To use your own version again, run export_notebook("{notebook.name}") in {notebook.name}.\n'
-        f"from {PACKAGE}.{module} import {', '.join(names)}  # noqa: F401"
+        f"from {PACKAGE}.{module} import {', '.join(defined)}  # noqa: F401"
     )
-    return names, source
+    return [name for name in definitions if not name.startswith("_")], source
 
 
 def _use_reference_here(module: str, names: list[str]) -> None:
