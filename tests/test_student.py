@@ -133,8 +133,20 @@ def test_a_stuck_learner_continues_with_the_reference_in_one_line(learner_packag
     import transformer_from_scratch
 
     assert load().Linear is transformer_from_scratch.Linear
-    export.export_notebook(out / "01_linear.ipynb")  # and back to their own (stub) version, no complaint
+    export.export_notebook(out / "01_linear.ipynb")  # the notebook's export cell, run next: their class is a stub
+    assert ("kept the reference you chose: Linear.__init__, Linear.reset_parameters, Linear.forward not "
+            "written yet in 01_linear.ipynb") in capsys.readouterr().out
+    assert load().Linear is transformer_from_scratch.Linear
+    notebook = json.loads((out / "01_linear.ipynb").read_text(encoding="utf-8"))
+    guided = {"".join(cell["source"]) for cell in json.loads((REPO / "notebooks" / "01_linear.ipynb").read_text(
+        encoding="utf-8"))["cells"] if "".join(cell["source"]).startswith("#| export")}
+    for cell in notebook["cells"]:  # the learner writes the class: the guided notebook's, solution markers and all
+        if "".join(cell["source"]).startswith("#| export\nclass Linear"):
+            cell["source"] = next(source for source in guided if "class Linear" in source)
+    (out / "01_linear.ipynb").write_text(json.dumps(notebook), encoding="utf-8")
+    export.export_notebook(out / "01_linear.ipynb")  # written: theirs again
     assert load().Linear is not transformer_from_scratch.Linear
+    assert "written from 01_linear.ipynb" in capsys.readouterr().out
 
 
 def test_with_every_module_taken_from_the_reference_every_notebook_imports_what_it_needs(learner_package):

@@ -38,6 +38,10 @@ STUDENT_PACKAGE = "my_transformer"
 _SOLUTION_MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.MULTILINE)
 _NOTEBOOK_NAME = re.compile(r"^\d\d_(?P<module>[a-z][a-z0-9_]*)\.ipynb$")
 _HASH_LINE = re.compile(r"^# body-sha256: (?P<digest>[0-9a-f]{64})$", re.MULTILINE)
+_REFERENCE_FIRST_LINE = "# The course's reference, not your code"
+# A stub of a final class in the student edition:
+# raise NotImplementedError('Linear.forward is not written yet: write it in …')
+_FINAL_CLASS_STUB = re.compile(r"""raise NotImplementedError\(['"](\S+) is not written yet: write it in """)
 
 # cell id -> source of the last successful run of that cell in this kernel (see load_ipython_extension).
 _ran_cells: dict[str, str] = {}
@@ -110,8 +114,8 @@ def render(notebook: Path, sources: list[str], *, reference: bool = False) -> st
     digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
     name = Path(notebook).name
     if reference:
-        first = (f"# The course's reference, not your code: chosen with export_notebook(\"{name}\", reference=True) in "
-                 f"{name}; run export_notebook(\"{name}\") there to use yours again.\n")
+        first = (f"{_REFERENCE_FIRST_LINE}: chosen with export_notebook(\"{name}\", reference=True) in {name}; once "
+                 f"yours is written, run export_notebook(\"{name}\") there to use it.\n")
     elif (Path(notebook).resolve().parent / STUDENT_PACKAGE / "__init__.py").is_file():
         first = f"# Written from your {name} by its export cell: edit the notebook, not this file.\n"
     else:
@@ -168,7 +172,9 @@ def export_notebook(notebook: str | Path, *, force: bool = False, quiet: bool = 
     ``reference=True`` is for a learner who is stuck (student edition only): their module then
     re-exports the course's reference implementation, so the later notebooks run on it, and the
     reference's names replace theirs in this notebook too. Their code in the notebook is left as
-    it is; exporting again without ``reference`` puts their own version back.
+    it is; exporting again without ``reference`` puts their own version back, once it is written: while the export
+    cells still hold a stub, the reference stays (the notebook's own export cell, run after the learner chose the
+    reference, must not put the stubs back).
     """
     notebook = Path(notebook)
     target = module_path(notebook)
@@ -192,6 +198,12 @@ def export_notebook(notebook: str | Path, *, force: bool = False, quiet: bool = 
             f"{_relative(target)} was left as it was"
         )
     old = target.read_text(encoding="utf-8") if target.exists() else None
+    if not reference and old is not None and old.startswith(_REFERENCE_FIRST_LINE) and (
+            stubs := _FINAL_CLASS_STUB.findall(text)):
+        if not quiet:
+            print(f"{_relative(target)}: kept the reference you chose: {', '.join(dict.fromkeys(stubs))} not written "
+                  f"yet in {notebook.name}; once they are, export again to use yours")
+        return
 
     status = "unchanged" if old == text else "written"
     if old is not None and old != text and was_edited_by_hand(old):
@@ -207,7 +219,7 @@ def export_notebook(notebook: str | Path, *, force: bool = False, quiet: bool = 
         _use_reference_here(target.stem, names)
         if not quiet:
             print(f"{_relative(target)}: the reference {', '.join(names)} from now on, here and in the later "
-                  f"notebooks (export_notebook(\"{notebook.name}\") puts yours back)")
+                  f"notebooks (once yours is written, export_notebook(\"{notebook.name}\") puts it back)")
     elif not quiet:
         print(f"{_relative(target)}: {status} from {notebook.name}")
         _warn_about_unsaved_cells(notebook)
@@ -295,8 +307,11 @@ def _remember_cell(result) -> None:
 
 
 def load_ipython_extension(ipython) -> None:
-    """``%load_ext transformer_from_scratch.nbtools.export``: remember what each cell ran, for export_notebook."""
+    """``%load_ext transformer_from_scratch.nbtools.export``: remember what each cell ran, for export_notebook, and
+    define export_notebook in the notebook from its setup cell on: the errors of a stub that is not written yet say
+    ``export_notebook("NN_x.ipynb", reference=True)``, and that line must work wherever they are met."""
     ipython.events.register("post_run_cell", _remember_cell)
+    ipython.push({"export_notebook": export_notebook})
 
 
 def unload_ipython_extension(ipython) -> None:
