@@ -169,6 +169,16 @@ def test_with_every_module_taken_from_the_reference_every_notebook_imports_what_
         assert hasattr(importlib.import_module(module), name), f"{module} has no {name} once taken from the reference"
 
 
+def test_the_export_cell_run_before_the_class_is_written_writes_the_stubs(learner_package):
+    """A learner may run a notebook's export cell before writing its class: the module gets the stubs, whose errors
+    say what to write, and no complaint about names that only the unwritten code defines (count_resources' flops)."""
+    out, load = learner_package
+    for notebook in sorted(out.glob("[0-9][0-9]_*.ipynb")):
+        export.export_notebook(notebook, quiet=True)
+    with pytest.raises(NotImplementedError, match="count_resources is not written yet"):
+        load().count_resources(256, 64, 32, 2, 4, 96)
+
+
 def test_reference_mode_is_refused_in_the_guided_notebooks():
     with pytest.raises(export.ExportError, match="student edition"):
         export.export_notebook(NOTEBOOKS[0], reference=True)

@@ -1,10 +1,11 @@
 """The student edition is a workshop: the learner writes every step and every class, nothing on the page gives the
-final class away, and a learner who writes every stub correctly can Run All through notebooks 01 to 10, in order,
-each importing the learner's own package.
+final class away, a learner who writes every stub correctly can Run All through notebooks 01 to 12, in order, each
+importing the learner's own package, and a learner stuck on every final class can run them all on the reference.
 
-These tests build the student edition into a temporary folder. The Run All test plays the learner: it writes into
-each stub the code of the guided edition's solution region, and executes the ten notebooks one after the other, in
-fresh kernels of the project's Python, as JupyterLab would.
+These tests build the student edition into a temporary folder. The Run All tests play the learner: they write into
+each stub the code of the guided edition's solution region (the stuck learner: all but the final class's, which is
+taken from the reference where it is met), and execute the twelve notebooks one after the other, in fresh kernels of
+the project's Python, as JupyterLab would.
 """
 
 import difflib
@@ -134,7 +135,7 @@ def _fill(student: dict, guided: dict) -> int:
 
 @pytest.fixture(scope="module")
 def written_edition(tmp_path_factory):
-    """The student edition of 01 to 10 with every stub written (the guided solution), run in order."""
+    """The student edition of 01 to 12 with every stub written (the guided solution), run in order."""
     course = tmp_path_factory.mktemp("course")
     (course / "notebooks").mkdir()
     (course / "notebooks" / "data").symlink_to(REPO / "notebooks" / "data")  # the corpus, at ../data as in a clone
@@ -153,7 +154,7 @@ def written_edition(tmp_path_factory):
     return out, executed
 
 
-def test_run_all_works_from_01_to_10_on_the_learners_own_package(written_edition):
+def test_run_all_works_from_01_to_12_on_the_learners_own_package(written_edition):
     out, executed = written_edition
     assert list(executed) == [nb.name for nb in NOTEBOOKS]
     for name, nb in executed.items():
@@ -165,3 +166,55 @@ def test_run_all_works_from_01_to_10_on_the_learners_own_package(written_edition
         text = module.read_text(encoding="utf-8")
         if module.name != "__init__.py":
             assert text.startswith("# Written from your") and "NotImplementedError(" not in text, module.name
+
+
+def _take_the_reference(student: dict, name: str) -> None:
+    """After each export cell that still holds a stub, the line its errors suggest: continue with the reference."""
+    stubbed = [i for i, cell in enumerate(student["cells"])
+               if _source(cell).startswith("#| export") and "# YOUR CODE HERE" in _source(cell)]
+    assert stubbed, f"{name}: no final class to leave unwritten"
+    for number, i in enumerate(reversed(stubbed)):
+        student["cells"].insert(i + 1, nbformat.v4.new_code_cell(f'export_notebook("{name}", reference=True)',
+                                                                  id=f"stuck-{number}"))
+
+
+@pytest.fixture(scope="module")
+def stuck_edition(tmp_path_factory):
+    """01 to 12 with every step and exercise written but no final class: each is taken from the reference where its
+    stubs are met (the line their errors suggest), and every notebook is run to the end, in order."""
+    course = tmp_path_factory.mktemp("stuck")
+    (course / "notebooks").mkdir()
+    (course / "notebooks" / "data").symlink_to(REPO / "notebooks" / "data")
+    out = course / "notebooks" / "student"
+    build(NOTEBOOKS, out)
+    for notebook in NOTEBOOKS:
+        path = out / notebook.name
+        student = json.loads(path.read_text(encoding="utf-8"))
+        classes = {id(cell): cell["source"] for cell in student["cells"] if _source(cell).startswith("#| export")}
+        _fill(student, json.loads(notebook.read_text(encoding="utf-8")))
+        for cell in student["cells"]:
+            cell["source"] = classes.get(id(cell), cell["source"])  # the final class stays unwritten
+        student = nbformat.from_dict(student)
+        _take_the_reference(student, notebook.name)
+        nbformat.write(student, path)
+    executed = {}
+    for notebook in NOTEBOOKS:
+        nb = nbformat.read(out / notebook.name, as_version=4)
+        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(out)}},
+                       allow_errors=True).execute()
+        executed[notebook.name] = nb
+    return out, executed
+
+
+def test_a_learner_stuck_on_every_final_class_runs_every_notebook_on_the_reference(stuck_edition):
+    """The later notebooks import what they need from the reference modules (private helpers too), and each
+    notebook's own export cell keeps the reference while the class is unwritten instead of putting the stubs back."""
+    out, executed = stuck_edition
+    for name, nb in executed.items():
+        errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+        assert not errors, f"{name}: {errors[0]['ename']}: {errors[0]['evalue']}"
+        printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+        assert "kept the reference you chose" in printed, f"{name}: the export cell did not keep the reference"
+    for module in (out / STUDENT_PACKAGE).glob("*.py"):
+        if module.name != "__init__.py":
+            assert module.read_text(encoding="utf-8").startswith("# The course's reference"), module.name
