@@ -133,25 +133,34 @@ def _fill(student: dict, guided: dict) -> int:
     return filled
 
 
-@pytest.fixture(scope="module")
-def written_edition(tmp_path_factory):
-    """The student edition of 01 to 12 with every stub written (the guided solution), run in order."""
-    course = tmp_path_factory.mktemp("course")
+def _run_edition(course: Path, write, *, allow_errors: bool = False) -> tuple[Path, dict]:
+    """Build the student edition into course/notebooks/student, let write(student, guided, name) play the learner on
+    each notebook (in place), then run 01 to 12 in order, in fresh kernels: the folder and the executed notebooks."""
     (course / "notebooks").mkdir()
     (course / "notebooks" / "data").symlink_to(REPO / "notebooks" / "data")  # the corpus, at ../data as in a clone
     out = course / "notebooks" / "student"
     build(NOTEBOOKS, out)
     for notebook in NOTEBOOKS:
-        path = out / notebook.name
-        student = json.loads(path.read_text(encoding="utf-8"))
-        assert _fill(student, json.loads(notebook.read_text(encoding="utf-8"))) >= 2
-        path.write_text(json.dumps(student), encoding="utf-8")
+        student = nbformat.read(out / notebook.name, as_version=4)
+        write(student, nbformat.read(notebook, as_version=4), notebook.name)
+        nbformat.write(student, out / notebook.name)
     executed = {}
     for notebook in NOTEBOOKS:
         nb = nbformat.read(out / notebook.name, as_version=4)
-        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(out)}}).execute()
+        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(out)}},
+                       allow_errors=allow_errors).execute()
         executed[notebook.name] = nb
     return out, executed
+
+
+def _write_everything(student: dict, guided: dict, name: str) -> None:
+    assert _fill(student, guided) >= 2, name
+
+
+@pytest.fixture(scope="module")
+def written_edition(tmp_path_factory):
+    """The student edition of 01 to 12 with every stub written (the guided solution), run in order."""
+    return _run_edition(tmp_path_factory.mktemp("course"), _write_everything)
 
 
 def test_run_all_works_from_01_to_12_on_the_learners_own_package(written_edition):
@@ -178,32 +187,19 @@ def _take_the_reference(student: dict, name: str) -> None:
                                                                   id=f"stuck-{number}"))
 
 
+def _write_all_but_the_final_class(student: dict, guided: dict, name: str) -> None:
+    classes = {id(cell): cell["source"] for cell in student["cells"] if _source(cell).startswith("#| export")}
+    _fill(student, guided)
+    for cell in student["cells"]:
+        cell["source"] = classes.get(id(cell), cell["source"])  # the final class stays unwritten
+    _take_the_reference(student, name)
+
+
 @pytest.fixture(scope="module")
 def stuck_edition(tmp_path_factory):
     """01 to 12 with every step and exercise written but no final class: each is taken from the reference where its
     stubs are met (the line their errors suggest), and every notebook is run to the end, in order."""
-    course = tmp_path_factory.mktemp("stuck")
-    (course / "notebooks").mkdir()
-    (course / "notebooks" / "data").symlink_to(REPO / "notebooks" / "data")
-    out = course / "notebooks" / "student"
-    build(NOTEBOOKS, out)
-    for notebook in NOTEBOOKS:
-        path = out / notebook.name
-        student = json.loads(path.read_text(encoding="utf-8"))
-        classes = {id(cell): cell["source"] for cell in student["cells"] if _source(cell).startswith("#| export")}
-        _fill(student, json.loads(notebook.read_text(encoding="utf-8")))
-        for cell in student["cells"]:
-            cell["source"] = classes.get(id(cell), cell["source"])  # the final class stays unwritten
-        student = nbformat.from_dict(student)
-        _take_the_reference(student, notebook.name)
-        nbformat.write(student, path)
-    executed = {}
-    for notebook in NOTEBOOKS:
-        nb = nbformat.read(out / notebook.name, as_version=4)
-        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(out)}},
-                       allow_errors=True).execute()
-        executed[notebook.name] = nb
-    return out, executed
+    return _run_edition(tmp_path_factory.mktemp("stuck"), _write_all_but_the_final_class, allow_errors=True)
 
 
 def test_a_learner_stuck_on_every_final_class_runs_every_notebook_on_the_reference(stuck_edition):
