@@ -30,6 +30,8 @@ import symtable
 import sys
 from pathlib import Path
 
+from . import failures
+
 MARKER = "#| export"
 PACKAGE = "transformer_from_scratch"
 # The learner's own package in the student edition: notebooks/student/my_transformer/ (see nbtools.student).
@@ -310,13 +312,16 @@ def _remember_cell(result) -> None:
 def load_ipython_extension(ipython) -> None:
     """``%load_ext transformer_from_scratch.nbtools.export``: remember what each cell ran, for export_notebook, and
     define export_notebook in the notebook from its setup cell on: the errors of a stub that is not written yet say
-    ``export_notebook("NN_x.ipynb", reference=True)``, and that line must work wherever they are met."""
+    ``export_notebook("NN_x.ipynb", reference=True)``, and that line must work wherever they are met. A failing
+    learner check then shows its verdict and the learner's own code, not the checker's (``nbtools.failures``)."""
     ipython.events.register("post_run_cell", _remember_cell)
     ipython.push({"export_notebook": export_notebook})
+    failures.install(ipython)
 
 
 def unload_ipython_extension(ipython) -> None:
     ipython.events.unregister("post_run_cell", _remember_cell)
+    failures.uninstall(ipython)
 
 
 def _default_notebooks() -> list[Path]:
