@@ -86,6 +86,23 @@ class NeverFilled(Linear):
         pass  # the weight stays as torch.empty made it
 
 
+class LegacyConstructor(nn.Module):
+    """torch.Tensor(out, in) allocates like torch.empty, through a door no function hook sees, and nothing fills it."""
+
+    def __init__(self, in_features, out_features, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.Tensor(out_features, in_features).to(device=device, dtype=dtype))
+
+    def forward(self, x):
+        return x @ self.weight.T
+
+
+class PartlyFilled(Linear):
+    def reset_parameters(self):
+        std = _sigma(self)
+        nn.init.trunc_normal_(self.weight[:-1], std=std, a=-3 * std, b=3 * std)  # the last row is never filled
+
+
 class SameEveryTime(Linear):
     def reset_parameters(self):
         std = _sigma(self)
@@ -182,6 +199,7 @@ MUTANTS = {
     "uniform (nn.Linear's default)": (UniformDefault, "nn.Linear's default, kaiming_uniform_"),
     "all zeros": (Zeros, "all zeros"),
     "never filled": (NeverFilled, "never initialised: it holds whatever torch.empty left"),
+    "partly filled": (PartlyFilled, "is initialised only in part"),
     "same weights every time": (SameEveryTime, "start with identical weights"),
     "not centred": (NotCentred, "not centred at 0"),
     "bias": (WithBias, "has a bias"),
@@ -248,3 +266,9 @@ def test_a_crash_names_what_crashed():
     with pytest.raises(AssertionError) as error:
         check_linear(Crashes)
     assert "raised RuntimeError (boom)" in str(error.value).splitlines()[0]
+
+
+def test_a_weight_never_filled_is_named_however_it_was_allocated():
+    """torch.Tensor(out, in) is torch.empty by another door: the same verdict."""
+    assert_own_verdict(check_linear, LegacyConstructor, "never initialised: it holds whatever torch.empty left",
+                       exclusive=False)

@@ -235,6 +235,11 @@ class RopeTablesSaved(Steps):
             self.register_buffer("angles", self.rope.cos_table.clone())
 
 
+class UnfilledOutputProj(Steps):
+    def setup(self):  # a new weight that nothing fills
+        self.output_proj.weight = nn.Parameter(torch.empty_like(self.output_proj.weight))
+
+
 class SameInitialWeights(Steps):
     def setup(self):
         with torch.no_grad():
@@ -313,6 +318,7 @@ MUTANTS = {
     "nn.MultiheadAttention": (WrapsTorchMHA, "torch.nn.MultiheadAttention"),
     "RoPE tables saved": (RopeTablesSaved, "saves extra entries in its state dict"),
     "same initial weights": (SameInitialWeights, "start with identical weights"),
+    "output_proj never filled": (UnfilledOutputProj, "output_proj.weight is never initialised"),
     "wrong init": (ScaledInit, "initial std"),
     "dtype ignored": (IgnoresDtype, "ignores its dtype argument"),
     "device ignored": (IgnoresDevice, "ignores its device argument"),

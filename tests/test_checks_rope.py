@@ -180,6 +180,16 @@ class WrongSignature(Rope):
         super().__init__(theta, d_k, max_seq_len, device)
 
 
+class ComplexWithoutCopy(Rope):
+    """One complex multiplication, made safe with .contiguous(): a contiguous view at an odd offset is not copied."""
+
+    def forward(self, x, token_positions):
+        compute = torch.promote_types(x.dtype, torch.float32)
+        cos, sin = (table[token_positions].to(compute) for table in (self.cos_table, self.sin_table))
+        pairs = torch.view_as_complex(x.to(compute).unflatten(-1, (-1, 2)).contiguous())
+        return torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2).to(x.dtype)
+
+
 MUTANTS = {
     "half-split pairs": (HalfSplit, "half-split pairs (x[k], x[k + d_k/2])"),
     "mixed layouts": (MixedLayouts, "mixes two layouts"),
@@ -203,6 +213,7 @@ MUTANTS = {
     "detached": (Detached, "no gradient reaches x"),
     "range refused": (RangeRefused, "token_positions=range(7, 12)) fails"),
     "wrong signature": (WrongSignature, "signature is (d_k, theta"),
+    "odd offset not copied": (ComplexWithoutCopy, "crashes on x as a contiguous view with an odd storage offset"),
 }
 
 

@@ -349,6 +349,14 @@ class SameInitW1W3(SwiGLU):
             self.w3.weight.copy_(self.w1.weight)
 
 
+class UnfilledW2(SwiGLU):
+    """w2's weight replaced by a new one that nothing fills."""
+
+    def __init__(self, d_model, d_ff, device=None, dtype=None):
+        super().__init__(d_model, d_ff, device=device, dtype=dtype)
+        self.w2.weight = nn.Parameter(torch.empty_like(self.w2.weight))
+
+
 class UniformInit(SwiGLU):
     def __init__(self, d_model, d_ff, device=None, dtype=None):
         super().__init__(d_model, d_ff, device=device, dtype=dtype)
@@ -414,6 +422,7 @@ SWIGLU_MUTANTS = {
     "w3 is w1": (TiedW3, "w3 is the same layer as w1"),
     "w1 and w3 start equal": (SameInitW1W3, "w1 and w3 start with identical weights"),
     "uniform init": (UniformInit, "does not start as Linear's recipe says"),
+    "w2 never filled": (UnfilledW2, "SwiGLU.w2.weight is never initialised"),
     "dtype ignored": (IgnoresDtype, "ignores its dtype argument"),
     "device ignored": (IgnoresDevice, "ignores its device argument"),
     "float64 in float32": (ComputesInFloat32, "matches only to float32 precision"),

@@ -83,7 +83,21 @@ def _max_not_added_back(inputs, targets):
     return (torch.log(torch.exp(shifted).sum(dim=-1)) - z[torch.arange(len(targets)), targets]).mean()
 
 
+def _per_position(inputs, targets):
+    """The loss of every example, in the targets' shape (leading axes kept)."""
+    z = inputs.float() if inputs.dtype in (torch.float16, torch.bfloat16) else inputs
+    m = z.max(dim=-1, keepdim=True).values
+    return m.squeeze(-1) + torch.log(torch.exp(z - m).sum(dim=-1)) - z.gather(-1, targets[..., None]).squeeze(-1)
+
+
+def _batch_axis_only(inputs, targets):
+    losses = _per_position(inputs, targets)
+    return losses.sum(dim=-1).mean() if losses.ndim > 1 else losses.mean()
+
+
 CE_MUTANTS += [(_max_not_added_back, "never adds it back"),
+               (_batch_axis_only, "averages over the batch axis only"),
+               (lambda inputs, targets: _per_position(inputs, targets).mean(dim=0), "the mean runs over one axis only"),
                (lambda inputs, targets: _ce()(inputs, targets) / inputs.shape[-1], "divides by the vocabulary size")]
 
 
@@ -119,16 +133,21 @@ class MutantAdamW(torch.optim.Optimizer):
                 state["step"] += 1
                 t = self.t if mk == "step_outside" else state["step"]
                 g = p.grad + wd * p if mk == "l2" else p.grad
-                state["m"].mul_(b1).add_(g, alpha=1 - b1)
-                state["v"].mul_(b2).add_(g if mk == "v_of_g" else g * g, alpha=1 - b2)
+                m, v = state["m"], state["v"]
+                if mk == "rebound":  # the mistake: new tensors bound to the names, the state keeps its zeros
+                    m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+                else:
+                    m.mul_(b1).add_(g, alpha=1 - b1)
+                    v.mul_(b2).add_(g if mk == "v_of_g" else g * g, alpha=1 - b2)
                 tt = t - 1 if mk == "t0" else t
                 alpha_t = lr if mk == "no_bias" else lr * math.sqrt(1 - b2**tt) / (1 - b1**tt)
-                v = state["v"]
+                if mk == "no_v_hat":
+                    alpha_t = lr / (1 - b1**tt)
                 denominator = {"inside": lambda: (v + eps).sqrt(), "no_sqrt": lambda: v + eps}.get(mk, lambda: v.sqrt() + eps)()
                 decay = 0.0 if mk in ("l2", "no_decay", "frozen_decays") else (alpha_t if mk == "alpha_t" else lr) * wd
                 target = p.clone() if mk == "unchanged" else p
                 target.mul_(1 - decay)
-                target.addcdiv_(state["m"], denominator, value=-alpha_t)
+                target.addcdiv_(m, denominator, value=-alpha_t)
         return None
 
 
@@ -157,6 +176,8 @@ class WrongDefault(MutantAdamW):
 ADAMW_MUTANTS = [
     (_adamw("l2"), "Adam with L2 regularisation"),
     (_adamw("no_bias"), "there is no bias correction"),
+    (_adamw("no_v_hat"), "v is not bias-corrected"),
+    (_adamw("rebound"), "m and v are not kept from one step to the next"),
     (_adamw("t0"), "counts the steps from 0"),
     (_adamw("inside"), "ε is inside the square root"),
     (_adamw("alpha_t"), "uses the bias-corrected α_t instead of α"),
@@ -272,6 +293,14 @@ def _batch(high=lambda n, c: n - c, low=0, shift=1, dtype=np.int64, move=True, t
     return wrong
 
 
+def _stacked_slices(dataset, batch_size, context_length, device):
+    """Rows sliced and stacked, from starts up to len − context_length: the last start's targets are one short."""
+    starts = torch.randint(len(dataset) - context_length + 1, (batch_size,)).tolist()
+    x = np.stack([dataset[s:s + context_length] for s in starts]).astype(np.int64)
+    y = np.stack([dataset[s + 1:s + 1 + context_length] for s in starts]).astype(np.int64)
+    return torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+
+
 BATCH_MUTANTS = [
     (_batch(shift=0), "the targets are not shifted"),
     (_batch(shift=-1), "shifted the wrong way"),
@@ -281,9 +310,10 @@ BATCH_MUTANTS = [
     (_batch(dtype=np.uint8), "the token file's uint8 was kept"),
     (_batch(dtype=np.int32), "returned torch.int32"),
     (_batch(move=False), "the device argument is ignored"),
-    (_batch(high=lambda n, c: n - c - 1), "the last valid start"),
+    (_batch(high=lambda n, c: n - c - 1), "len(dataset) − context_length − 1 = 7, is never drawn"),
     (_batch(low=1), "start 0 is never drawn"),
     (_batch(high=lambda n, c: n - c + 1), "past the last valid one"),
+    (_stacked_slices, "crashes with ValueError: it drew a start above 7, the last valid start"),
     (_batch(weights=True), "not uniform"),
     (lambda dataset, batch_size, context_length, device: get_batch(dataset, batch_size, context_length, device)[0],
      "not a pair"),
@@ -293,9 +323,9 @@ BATCH_MUTANTS = [
 
 # ---- checkpoints ------------------------------------------------------------------------------------------------
 
-def _save(drop=None, whole_model=False, own_open=False, write_only=False):
+def _save(drop=None, whole_model=False, own_open=False, write_only=False, optimizer_key="optimizer"):
     def save(model, optimizer, iteration, out):
-        checkpoint = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration}
+        checkpoint = {"model": model.state_dict(), optimizer_key: optimizer.state_dict(), "iteration": iteration}
         checkpoint.pop(drop, None)
         obj = model if whole_model else checkpoint
         if own_open:
@@ -332,6 +362,7 @@ CHECKPOINT_MUTANTS = [
     ((_save(), _load(skip="optimizer")), "does not load the optimizer's state"),
     ((_save(own_open=True), _load()), "crashes with an io.BytesIO"),
     ((_save(write_only=True), _load()), "crashes with a path (str)"),
+    ((_save(optimizer_key="opt"), _load()), "reads the key 'optimizer', which save_checkpoint never writes"),
     ((stub_save, _load()), "not written yet"),
 ]
 

@@ -224,6 +224,11 @@ class ScaledProjection(Steps):
             self.ffn.w1.weight.mul_(10.0)
 
 
+class FfnNeverFilled(Steps):
+    def setup(self):  # a new weight that nothing fills
+        self.ffn.w1.weight = nn.Parameter(torch.empty_like(self.ffn.w1.weight))
+
+
 class IgnoresDtype(Steps):
     def __init__(self, d_model, num_heads, d_ff, max_seq_len, theta, device=None, dtype=None):
         super().__init__(d_model, num_heads, d_ff, max_seq_len, theta, device=device)
@@ -286,6 +291,7 @@ MUTANTS = {
     "casts to float32": (CastsToFloat32, "returned torch.float32 for a torch.float64 input"),
     "detached input": (DetachedInput, "gradient with respect to the input x"),
     "wrong signature": (WrongSignature, "signature is (d_model, n_heads"),
+    "ffn.w1 never filled": (FfnNeverFilled, "TransformerBlock.ffn.w1.weight is never initialised"),
 }
 
 

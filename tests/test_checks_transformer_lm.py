@@ -221,6 +221,11 @@ class HeadInitialisedToZero(Steps):
         nn.init.zeros_(self.lm_head.weight)
 
 
+class HeadNeverFilled(Steps):
+    def setup(self):  # a new weight that nothing fills
+        self.lm_head.weight = nn.Parameter(torch.empty_like(self.lm_head.weight))
+
+
 class Detached(Steps):
     def finish(self, x):
         return super().finish(x).detach()
@@ -263,6 +268,7 @@ MUTANTS = [
     (HeadWithBias, "has a bias"),
     (IgnoresDtype, "ignores its dtype"),
     (HeadInitialisedToZero, "lm_head.weight's initial std"),
+    (HeadNeverFilled, "TransformerLM.lm_head.weight is never initialised"),
     (Detached, "carry no gradient"),
     (WrongSignature, "signature is"),
     (Stub, "not written yet"),

@@ -28,7 +28,7 @@ def _heads(t, attn):
 
 
 def attention_step(attn, x, keys, values, start, *, positions=None, rotate_again=False, mask="right",
-                   rotate_values=False, new_keys_only=False, before_rope=False):
+                   rotate_values=False, new_keys_only=False, before_rope=False, read_first=False):
     n = x.shape[-2]
     q, k, v = (_heads(proj(x), attn) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
     where = torch.arange(start, start + n) if positions is None else positions(start, n)
@@ -36,7 +36,11 @@ def attention_step(attn, x, keys, values, start, *, positions=None, rotate_again
     rotated = attn.rope(k, where)
     if rotate_values:
         v = attn.rope(v, where)
+    if read_first:  # the mistake: the buffers read (and copied) before the new keys are written
+        k_before, v_before = keys[..., :start + n, :].clone(), values[..., :start + n, :].clone()
     k_all, v_all = append_to_cache(keys, values, start, k if before_rope else rotated, v)
+    if read_first:
+        k_all, v_all = k_before, v_before
     if before_rope:
         k_all = attn.rope(k_all, torch.arange(start + n))
     if rotate_again:
@@ -45,21 +49,22 @@ def attention_step(attn, x, keys, values, start, *, positions=None, rotate_again
         k_all, v_all = rotated, v
     total = k_all.shape[-2]
     m = {"right": causal_mask_with_cache(n, total), "none": None,
-         "top-left": torch.ones(n, total, dtype=torch.bool).tril()}[mask]
+         "top-left": torch.ones(n, total, dtype=torch.bool).tril(),
+         "top-left for several": torch.ones(n, total, dtype=torch.bool).tril() if n > 1 else None}[mask]
     out = scaled_dot_product_attention(q, k_all, v_all, m)
     return attn.output_proj(out.transpose(-3, -2).flatten(-2))
 
 
-def lm_step(model, token_ids, keys, values, start, *, shared=False, ln_final=True, residual=True, last_only=False,
-            as_blocks=False):
+def lm_step(model, token_ids, keys, values, start, *, shared=False, ln_final=True, residual="stream",
+            last_only=False, as_blocks=False):
     x = model.token_embeddings(token_ids)
     for i, (block, k_cache, v_cache) in enumerate(zip(model.layers, keys, values)):
         if as_blocks:
             x = block(x)
             continue
         j = 0 if shared else i
-        a = attention_step(block.attn, block.ln1(x), keys[j], values[j], start)
-        x = x + a if residual else a
+        h = block.ln1(x)
+        x = {"stream": x, "none": 0, "normed": h}[residual] + attention_step(block.attn, h, keys[j], values[j], start)
         x = x + block.ffn(block.ln2(x))
     logits = model.lm_head(model.ln_final(x) if ln_final else x)
     return logits[:, -1] if last_only else logits
@@ -67,11 +72,11 @@ def lm_step(model, token_ids, keys, values, start, *, shared=False, ln_final=Tru
 
 @torch.no_grad()
 def greedy_with_cache(step, prompt_ids, max_new_tokens, context_length, *, restart=False, whole=False,
-                      no_window=False, stale=False, with_prompt=False):
+                      no_window=False, stale=False, with_prompt=False, first_window=False, count_kept=False):
     ids, cached = prompt_ids, 0
     for _ in range(max_new_tokens):
-        window = ids if no_window else ids[-context_length:]
-        if len(ids) > context_length and not no_window and not stale:
+        window = ids if no_window else ids[:context_length] if first_window else ids[-context_length:]
+        if len(ids) > context_length and not no_window and not stale and not count_kept:
             cached = 0
         if whole:
             cached = 0
@@ -156,7 +161,9 @@ ATTENTION_MUTANTS = [
     (variant(attention_step, positions=lambda start, n: torch.arange(n)), "restart at 0"),
     (variant(attention_step, rotate_again=True), "rotated again"),
     (variant(attention_step, mask="none"), "no causal mask"),
-    (variant(attention_step, mask="top-left"), "aligned to the first key"),
+    (variant(attention_step, mask="top-left"), "aligned to the first key: a new query"),
+    (variant(attention_step, mask="top-left for several"), "aligned to the first key for a chunk after cached"),
+    (variant(attention_step, read_first=True), "the cache is read before the new keys"),
     (variant(attention_step, rotate_values=True), "values are rotated"),
     (variant(attention_step, new_keys_only=True), "new keys only"),
     (variant(attention_step, before_rope=True), "before RoPE"),
@@ -169,7 +176,8 @@ LM_MUTANTS = [
     (variant(lm_step, shared=True), "first block's cache"),
     (variant(lm_step, as_blocks=True), "run as they are"),
     (variant(lm_step, ln_final=False), "ln_final"),
-    (variant(lm_step, residual=False), "residual is missing"),
+    (variant(lm_step, residual="none"), "residual is missing"),
+    (variant(lm_step, residual="normed"), "residual is taken from the normed input"),
     (variant(lm_step, last_only=True), "last new token only"),
     (stub, "not written yet"),
 ]
@@ -181,6 +189,7 @@ GREEDY_MUTANTS = [
     (variant(greedy_with_cache, whole=True), "the cache is never used"),
     (variant(greedy_with_cache, no_window=True), "does not slide the window"),
     (variant(greedy_with_cache, stale=True), "stale cache is kept"),
+    (variant(greedy_with_cache, first_window=True), "the window stays at the start of the text"),
     (variant(greedy_with_cache, with_prompt=True), "returns the prompt too"),
     (stub, "not written yet"),
 ]
@@ -214,3 +223,9 @@ def test_the_phrases_are_distinct():
 def test_the_checks_keep_the_random_state():
     for check, step, _ in ALL:
         assert_random_state_kept(check, step)
+
+
+def test_a_stale_count_of_cached_ids_is_the_stale_cache_too():
+    """The window slid but the count of cached ids was kept: step gets no new ids (the same mistake as a stale start)."""
+    assert_own_verdict(check_greedy_with_cache, variant(greedy_with_cache, count_kept=True), "stale cache is kept",
+                       exclusive=False)

@@ -37,7 +37,7 @@ def _init(**changes):
 
 
 def never_filled(d_out, d_in, std, generator=None):
-    return torch.full((d_out, d_in), float("nan"))  # what torch.empty may hold: anything, here NaN
+    return torch.empty(d_out, d_in)  # whatever the memory held: the check makes that NaN
 
 
 def zeros_from_empty(d_out, d_in, std, generator=None):

@@ -31,6 +31,7 @@ def adamw_update(theta, grad, m, v, t, lr, betas, eps, weight_decay, mistake=Non
     v = beta2 * v + (1 - beta2) * (g if mistake == "v_of_g" else g * g)
     step = t - 1 if mistake == "t0" else t
     m_hat, v_hat = (m, v) if mistake == "no_bias" else (m / (1 - beta1**step), v / (1 - beta2**step))
+    v_hat = v if mistake == "no_v_hat" else v_hat
     denominator = {"inside": (v_hat + eps).sqrt(), "no_sqrt": v_hat + eps}.get(mistake, v_hat.sqrt() + eps)
     update = lr * m_hat / denominator
     decay = {"l2": 0.0, "no_decay": 0.0, "alpha_t": lr * math.sqrt(1 - beta2**t) / (1 - beta1**t)}.get(mistake, lr)
@@ -123,6 +124,18 @@ def _holding(grads):
     return params
 
 
+def _float32_norm(grads, max_l2_norm):
+    """The sum of squares started from a float32 zero, as torch.zeros(()) or torch.tensor(0.0) makes it."""
+    total = torch.zeros(())
+    for g in grads:
+        total += (g * g).sum()
+    norm = total.sqrt()
+    if norm > max_l2_norm:
+        for g in grads:
+            g.mul_(max_l2_norm / (norm + 1e-6))
+    return norm
+
+
 def _windows(draw=None, shift=1, extra=0, transpose=False, reverse=False):
     def wrong(tokens, batch_size, context_length, generator):
         high = len(tokens) - context_length
@@ -135,6 +148,15 @@ def _windows(draw=None, shift=1, extra=0, transpose=False, reverse=False):
             x, y = x[:, ::-1].copy(), y[:, ::-1].copy()
         return (x.T, y.T) if transpose else (x, y)
     return wrong
+
+
+def _stacked_windows(tokens, batch_size, context_length, generator):
+    """Rows sliced and stacked with torch.stack, from starts up to len − context_length: the last start's targets
+    are one short."""
+    starts = torch.randint(len(tokens) - context_length + 1, (batch_size,), generator=generator).tolist()
+    data = torch.from_numpy(tokens.astype(np.int64))
+    return (torch.stack([data[s:s + context_length] for s in starts]),
+            torch.stack([data[s + 1:s + 1 + context_length] for s in starts]))
 
 
 LSE_MUTANTS = [
@@ -163,6 +185,7 @@ CE_MUTANTS = [
 ADAMW_MUTANTS = [
     (_adamw("l2"), "Adam with L2 regularisation"),
     (_adamw("no_bias"), "there is no bias correction"),
+    (_adamw("no_v_hat"), "v is not bias-corrected"),
     (_adamw("t0"), "counts the steps from 0"),
     (_adamw("inside"), "ε is inside the square root"),
     (_adamw("alpha_t"), "uses the bias-corrected α_t instead of α"),
@@ -194,6 +217,7 @@ CLIP_MUTANTS = [
     (_clip(scale_of=lambda norm, most: most / norm), "without the 1e-6"),
     (_clip(always=True), "even when their norm is below the maximum"),
     (_clip(in_place=False), "not scaled in place"),
+    (_float32_norm, "the norm is accumulated in float32"),
     (lambda grads, m: torch.nn.utils.clip_grad_norm_(_holding(grads), m), "calls PyTorch's own"),
     (lambda grads, m: clip_grads(grads, m).item() + 1.0, "not the global norm before clipping"),
     (stub, "not written yet"),
@@ -204,9 +228,11 @@ WINDOW_MUTANTS = [
     (_windows(extra=1), "one token too many"),
     (_windows(transpose=True), "batch and context are swapped"),
     (_windows(reverse=True), "not windows of consecutive tokens"),
-    (_windows(draw=lambda high, n, g: torch.randint(high - 1, (n,), generator=g)), "the last valid start"),
+    (_windows(draw=lambda high, n, g: torch.randint(high - 1, (n,), generator=g)),
+     "len(tokens) − context_length − 1 = 7, is never drawn"),
     (_windows(draw=lambda high, n, g: torch.randint(1, high, (n,), generator=g)), "start 0 is never drawn"),
     (_windows(draw=lambda high, n, g: torch.randint(high + 1, (n,), generator=g)), "past the last valid one"),
+    (_stacked_windows, "crashes with RuntimeError: it drew a start above 7, the last valid start"),
     (_windows(draw=lambda high, n, g: torch.multinomial(torch.arange(1.0, high + 1), n, replacement=True,
                                                         generator=g)), "not uniform"),
     (_windows(draw=lambda high, n, g: torch.randint(high, (n,))), "do not come from the generator"),

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 import torch
 from torch import nn
@@ -221,35 +223,44 @@ def check_device_and_dtype(make: Callable[..., nn.Module], name: str) -> None:
              "Linear(..., device=device) for a submodule")
 
 
-class _UnfilledIsNaN(TorchFunctionMode):
-    """Every floating-point tensor that torch.empty (or empty_like, new_empty) makes inside the block starts as NaN.
+@contextmanager
+def unfilled_is_nan() -> Iterator[None]:
+    """Inside the block, memory that PyTorch hands out without filling it starts as NaN (integers: their largest value).
 
-    torch.empty hands back whatever the memory held: often zeros, sometimes an earlier tensor's numbers, which can
-    even look like a draw. Filled with NaN, a parameter that is never initialised shows for sure.
+    torch.empty (and torch.Tensor(n, m), empty_like, new_empty, …) hands back whatever the memory held: often zeros,
+    sometimes an earlier tensor's numbers, which can even look like a draw. PyTorch's deterministic mode fills that
+    memory (torch.utils.deterministic.fill_uninitialized_memory), whichever call allocated it, so a tensor that is
+    never filled shows for sure; warn_only keeps every operation allowed. The caller's settings are put back.
     """
-
-    _EMPTY = {torch.empty, torch.empty_like, torch.Tensor.new_empty, torch.empty_strided}
-
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        result = func(*args, **(kwargs or {}))
-        if func in self._EMPTY and isinstance(result, torch.Tensor) and result.is_floating_point() \
-                and result.device.type != "meta":
-            with torch.no_grad():
-                result.fill_(float("nan"))
-        return result
+    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), \
+        torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # warn_only's notes on operations without a deterministic form
+            yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
 def check_initialised(name: str, make: Callable[[], nn.Module], fix: str) -> nn.Module:
-    """``make()``, failing when a parameter is never filled (left as torch.empty made it); returns the module.
+    """``make()``, failing when a parameter is never filled, in whole or in part (left as allocated); returns it.
 
-    ``fix`` says how to fill it (the recipe's initialiser).
+    ``fix`` says how to fill it (the recipe's initialiser). A right initialisation never leaves a NaN.
     """
-    with _UnfilledIsNaN():
+    with unfilled_is_nan():
         module = call(f"{name}(...)", make)
-    unfilled = [key for key, p in module.named_parameters() if p.is_floating_point() and torch.isnan(p).all()]
-    if unfilled:
-        fail(f"{name}.{unfilled[0]} is never initialised: it holds whatever torch.empty left in memory (zeros, old "
-             "numbers, or NaN: here the check filled that memory with NaN, and NaN is what came out)", fix)
+    for key, p in module.named_parameters():
+        unfilled = int(torch.isnan(p).sum()) if p.is_floating_point() and p.device.type != "meta" else 0
+        if unfilled == p.numel() and unfilled:
+            fail(f"{name}.{key} is never initialised: it holds whatever torch.empty left in memory (zeros, old "
+                 "numbers, or NaN: here the check filled that memory with NaN, and NaN is what came out)", fix)
+        if unfilled:
+            fail(f"{name}.{key} is initialised only in part: {unfilled} of its {p.numel()} entries are never filled "
+                 "and keep whatever torch.empty left in memory (here NaN)", fix)
     return module
 
 

@@ -90,18 +90,18 @@ def _attend_to_all_when_none_allowed(Q, K, V, mask):
 
 _SCALE_VARIANTS = [
     (_no_scale, "the scores are not scaled (it computes softmax(Q Kᵀ) V)",
-     "divide the scores by √d_k, math.sqrt(Q.shape[-1]), before the softmax"),
+     "divide the scores by √d_k, d_k the size of the last dimension, before the softmax"),
     (_scale_by_d_k, "it divides the scores by d_k instead of √d_k",
-     "divide by math.sqrt(Q.shape[-1]), which keeps the scores' standard deviation at 1"),
+     "divide by √d_k, the square root: it keeps the scores' standard deviation at 1"),
     (_softmax_over_queries, "the softmax runs over the queries (dim=-2), not over the keys",
      "use softmax(scores, dim=-1), so that each query's weights over the keys must sum to 1 "
      "(dim=1 is the keys only for 2-D inputs)"),
 ]
 _BATCH_VARIANTS = [
     (_k_dot_t, "it uses K.T, which reverses ALL dimensions of a batched K, not just the last two",
-     "transpose only the last two, K.transpose(-2, -1) (or K.mT, or einsum with '... n d_k, ... m d_k -> ... n m')"),
+     "transpose only the last two axes, the keys' positions and features; the batch-like axes stay in place"),
     (_scale_by_shape_1, "it scales by √Q.shape[1], which is d_k only for 2-D inputs",
-     "take d_k from the last dimension, math.sqrt(Q.shape[-1])"),
+     "d_k is the size of the last dimension, whatever the number of leading ones"),
     *_SCALE_VARIANTS,
 ]
 _MASK_VARIANTS = [
@@ -187,7 +187,7 @@ def _diagnose(out: Tensor, expected: Tensor, args: tuple, variants: list, what: 
             fail(mistake, fix, f"on {what}, your output matches that variant, not F.scaled_dot_product_attention")
     diff = (out.detach().double().cpu() - expected.double()).abs().nan_to_num(nan=math.inf).max().item()
     fail(f"the output differs from F.scaled_dot_product_attention by up to {diff:.3g} on {what}",
-         f"compute {_FORMULA}, with scores.masked_fill(~mask, float('-inf')) before the softmax when there is a mask",
+         f"compute {_FORMULA}, with the scores a mask forbids set to −∞ before the softmax",
          f"row 0, expected {[round(v, 4) for v in expected.reshape(-1, expected.shape[-1])[0].tolist()]}, "
          f"yours {[round(v, 4) for v in out.detach().reshape(-1, out.shape[-1])[0].double().tolist()]}")
 
@@ -243,8 +243,9 @@ def _check_fully_masked_rows(impl: Callable[..., Any], gen: torch.Generator) -> 
     rows = out.detach().double()[no_key]
     if rows.isnan().any():
         fail("rows of the mask with no True (queries that may attend to nothing) give NaN (softmax of all -inf is 0/0)",
-             "return zeros for those rows without ever creating the NaN (no_key = ~mask.any(-1, keepdim=True); "
-             "fill -inf only where ~mask & ~no_key, softmax, then weights.masked_fill(no_key, 0))",
+             "the contract gives such a query an output of zeros: find the rows with no allowed key first, keep "
+             "them out of the −∞ fill so that no NaN is ever created (its gradient would be NaN too), and zero their "
+             "weights after the softmax",
              f"on {what}")
     if close(out, _mask_finite(Q, K, V, mask)) and not close(out, expected):
         fail("rows with no allowed key return the mean of the values, because a large finite fill (-1e9, finfo.min) "

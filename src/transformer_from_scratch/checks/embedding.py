@@ -99,7 +99,7 @@ def _check_structure(impl: Callable[..., nn.Module]) -> None:
     weight = dict(module.named_parameters()).get("weight")
     if weight is not None and tuple(weight.shape) == (D, V):
         fail(f"{NAME}.weight is stored transposed, shape (embedding_dim, num_embeddings) = {(D, V)}",
-             "an embedding table has one row per token: torch.empty(num_embeddings, embedding_dim), "
+             "an embedding table has one row per token, shape (num_embeddings, embedding_dim), "
              "as in nn.Embedding and the course's checkpoints (unlike Linear's (d_out, d_in))")
     if weight is not None and tuple(weight.shape) != (V, D):
         fail(f"{NAME}({V}, {D}).weight has shape {tuple(weight.shape)}, "
@@ -110,14 +110,13 @@ def _check_structure(impl: Callable[..., nn.Module]) -> None:
 def _check_init(impl: Callable[..., nn.Module]) -> None:
     """The table's statistics: N(0, 1) truncated at [-3, 3], so std 0.9866 and largest |entry| just under 3."""
     vocab, d = INIT_SIZE
-    check_initialised(NAME, lambda: impl(50, 8), "fill it in reset_parameters, in place: "
-                      "nn.init.trunc_normal_(self.weight, mean=0.0, std=1.0, a=-3.0, b=3.0)")
+    check_initialised(NAME, lambda: impl(50, 8), "fill it in place with the recipe's draw, N(0, 1) truncated at ±3")
     torch.manual_seed(0)  # inside check_embedding's fork_rng: the same table every time
     module = _call(f"{NAME}({vocab}, {d})", impl, vocab, d)
     w = module.weight.detach().double().cpu()
     evidence = "found mean {:+.4f}, std {:.4f}, largest |entry| {:.3f}; expected 0, {:.4f}, just under 3".format(
         w.mean().item(), w.std().item(), w.abs().max().item(), RIGHT_STD) if torch.isfinite(w).all() else ""
-    use = "nn.init.trunc_normal_(self.weight, mean=0.0, std=1.0, a=-3.0, b=3.0)"
+    use = "the recipe's draw, N(0, 1) truncated at ±3 (trunc_normal_'s cut a, b is in weight units)"
     if not torch.isfinite(w).all() or w.std().item() == 0:
         fail(f"{NAME}'s weight is constant (all {w.flatten()[0].item():g}), not drawn" if torch.isfinite(w).all()
              else f"{NAME}'s weight holds inf or NaN, so it is not initialised",
@@ -149,7 +148,8 @@ def _check_not_builtin(impl: Callable[..., nn.Module]) -> None:
     module = _call(f"{NAME}({V}, {D})", impl, V, D)
     with BuiltinSpy({F.embedding: "F.embedding", torch.embedding: "torch.embedding"}) as spy:
         _attempt(f"{NAME}.forward", module, torch.tensor([[1, 4], [4, 0]]))  # a crash is diagnosed later, by shape
-    refuse_builtins(f"{NAME}.forward", spy, "index the table yourself: self.weight[ids] gathers one row per id")
+    refuse_builtins(f"{NAME}.forward", spy, "index the table yourself: indexing its first dimension with the ids "
+                    "gathers one row per id")
 
 
 def _refuses_valid_ids(module: nn.Module, vocab: int) -> None:
@@ -197,7 +197,7 @@ def _diagnose_shapes(module: nn.Module, vocab: int, d: int, results: list) -> No
                    and close(out, module.weight.detach()[ids].movedim(-1, 0))):
         found = f"raised IndexError: {_first_line(error)}" if columns else f"gave shape {tuple(out.shape)}"
         fail(f"{NAME}.forward looks up columns (weight[:, ids]) instead of rows",
-             "the table has one row per token: index its first dimension, weight[ids]",
+             "the table has one row per token: index its first dimension with the ids",
              f"ids of shape {_fmt(shape)} with values up to {vocab - 1} {found}")
     if len(broken) == len(results):
         if error is not None:  # crashes on every shape: report the first crash in full
@@ -223,10 +223,11 @@ def _diagnose_values(vocab: int, d: int, dtype: torch.dtype, weight: torch.Tenso
         return
     if close(out, expected * math.sqrt(d)):
         fail(f"{NAME}.forward multiplies the rows by sqrt(d_model) (the original Transformer paper's scaling), "
-             "which the course's recipe does not use", "return the rows unscaled: weight[ids]")
+             "which the course's recipe does not use", "return the rows unscaled, as the table holds them")
     if vocab == d and close(out, F.embedding(ids, weight.T)):
         fail(f"{NAME}.forward reads columns of the table (weight.T[ids] or weight[:, ids]) instead of rows; "
-             f"{vocab} x {d} is square, so only the values show it", "index the first dimension: weight[ids]")
+             f"{vocab} x {d} is square, so only the values show it",
+             "the table has one row per token: index its first dimension")
     error = (out.double() - expected.double()).abs().max().item()
     fail(f"{where} differs from F.embedding(ids, weight) by up to {error:.3g}",
          "return row token_ids[...] of weight for every id, nothing added, nothing scaled")
@@ -303,7 +304,8 @@ def _check_gradient(impl: Callable[..., nn.Module]) -> None:
     out = _call(f"{NAME}.forward", module, ids)
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
         fail(f"No gradient reaches {NAME}.weight: the output is cut off from the table",
-             "return weight[ids] itself: no .detach(), no .data, no torch.no_grad(), no new tensor from its values")
+             "return the rows of the weight itself, so that autograd sees the lookup: no .detach(), no .data, no "
+             "torch.no_grad(), no new tensor from its values")
     _call("backward through your output", (out * upstream).sum().backward)
     grad = module.weight.grad
     expected = torch.zeros(V, D, dtype=torch.float64).index_add_(0, ids.flatten(), upstream.reshape(-1, D))

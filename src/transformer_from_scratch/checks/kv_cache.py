@@ -71,9 +71,10 @@ _VARIANTS = [
     (dict(rotate_again=True), "the cached keys are rotated again at every call (they were rotated when cached)",
      "rotate only the new keys, then append them; attend to the cached keys as they are"),
     (dict(mask="none"), "no causal mask: in a prefill each new query also sees the new tokens after it",
-     "with n > 1 new tokens, mask query i to keys 0 … start + i: tril(diagonal=start) of an (n, start + n) mask"),
+     "with n > 1 new tokens, query i (at position start + i) may attend to keys 0 … start + i only"),
     (dict(mask="top-left"), "the causal mask is aligned to the first key: after cached positions, new query i "
-     "sees only keys 0 … i", "use an (n, start + n) mask with tril(diagonal=start)"),
+     "sees only keys 0 … i", "the n new queries are the last of the start + n positions: align the (n, start + n) "
+     "mask to the last key, so that query i sees keys 0 … start + i"),
 ]
 
 
@@ -90,9 +91,11 @@ def _check_cache_class(cache_class: Any) -> None:
         buffer = getattr(cache, name, None)
         if not isinstance(buffer, Tensor) or tuple(buffer.shape) != (2, 3, 7, 4) or buffer.dtype != torch.float64:
             fail(f"{what}.{name} is {describe(buffer)}, expected a float64 tensor of shape (2, 3, 7, 4), made once",
-                 "preallocate torch.zeros(batch, num_heads, max_len, d_k, device=device, dtype=dtype) in __init__")
+                 "preallocate each buffer once in __init__, zeros of shape (batch, num_heads, max_len, d_k) on the "
+                 "device and in the dtype given")
     if getattr(cache, "length", None) != 0:
-        fail(f"a new KVCache has length {getattr(cache, 'length', None)!r}, not 0", "start with self.length = 0")
+        fail(f"a new KVCache has length {getattr(cache, 'length', None)!r}, not 0",
+             "a new cache holds no position yet: its length starts at 0")
     gen = generator(5)
     written = []
     for n in (3, 1):
@@ -101,13 +104,14 @@ def _check_cache_class(cache_class: Any) -> None:
         out = call(f"KVCache.append(k, v) with {n} new positions", cache.append, k, v)
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             fail(f"KVCache.append returned {describe(out)}, not (keys so far, values so far)",
-                 "return self.keys[:, :, :end], self.values[:, :, :end]")
+                 "return both: the keys and the values of every position so far")
         end = sum(t.shape[2] for t, _ in written)
         expected_k, expected_v = (torch.cat([w[i] for w in written], dim=2) for i in (0, 1))
         expect_tensor("KVCache.append", out[0], (2, 3, end, 4), "return the keys of every position so far")
         if not torch.equal(out[0], expected_k) or not torch.equal(out[1], expected_v):
             fail("KVCache.append does not return the keys and values appended so far, in order",
-                 "write at positions length … length + n - 1 and return self.keys[:, :, :end], self.values[:, :, :end]")
+                 "write the new ones at positions length … length + n − 1, then return positions 0 … length + n − 1 "
+                 "of each buffer")
         if out[0].untyped_storage().data_ptr() != cache.keys.untyped_storage().data_ptr():
             fail("KVCache.append returns a copy, not a view of self.keys",
                  "write into self.keys in place and return a slice of it (no torch.cat)")
@@ -126,10 +130,11 @@ def _check_cache_class(cache_class: Any) -> None:
              "raise ValueError when length + n > max_len: past the context the window slides")
     call("KVCache.reset()", cache.reset)
     if cache.length != 0:
-        fail("KVCache.reset() leaves length at {cache.length}", "set self.length = 0 (the memory stays allocated)")
+        fail(f"KVCache.reset() leaves length at {cache.length}", "a reset cache holds no position: its length goes "
+             "back to 0 (the memory stays allocated)")
     if getattr(cache, "nbytes", None) != 2 * 2 * 3 * 7 * 4 * 8:
         fail(f"KVCache.nbytes is {getattr(cache, 'nbytes', None)!r}, not 2 · 2·3·7·4 · 8 = {2 * 2 * 3 * 7 * 4 * 8} "
-             "bytes", "count the keys and the values, filled or not: self.keys.nbytes + self.values.nbytes")
+             "bytes", "count both buffers, the keys and the values, filled or not")
     caches = call("KVCache.for_model(model, batch=2)", cache_class.for_model, _model(), 2)
     if not isinstance(caches, list) or len(caches) != _L or any(
             tuple(c.keys.shape) != (2, _H, _CTX, _DK) or c.keys.dtype != torch.float64 for c in caches):
@@ -173,8 +178,9 @@ def _check_forward(cache_class: Any, cached_forward: Callable) -> None:
                     fail(mistake, fix, f"on {what}: your logits match that mistake")
             difference = (got.double() - expected.double()).abs().max().item()
             fail(f"cached_forward's logits differ from the model's on the whole sequence by up to {difference:.3g} "
-                 f"(tolerance {tolerance:g})", "per block: x = x + cached_attention(block.attn, block.ln1(x), cache), "
-                 "x = x + block.ffn(block.ln2(x)); then lm_head(ln_final(x))", f"on {what}")
+                 f"(tolerance {tolerance:g})", "compare each part with the model's forward: each block's two branches "
+                 "(attention through its own cache at the new positions, then the feed-forward network), ln_final "
+                 "and lm_head", f"on {what}")
 
 
 class _Counter:

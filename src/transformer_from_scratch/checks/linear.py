@@ -12,7 +12,7 @@ from torch import nn
 from ._harness import call, check_initialised, call_without_builtins, check_device_and_dtype, check_parameters, check_signature, close, describe, fail, generator, passed
 
 _NAME = "Linear"
-_EINSUM = 'einsum(x, self.weight, "... d_in, d_out d_in -> ... d_out")'
+_RECIPE = "N(0, σ²) with σ² = 2 / (d_in + d_out), truncated at ±3σ (trunc_normal_'s cut a, b is in weight units)"
 _LEADING = [(2, 5), (), (3,), (2, 3, 4)]  # (2, 5) first: a crash there is a plain bug, elsewhere a shape habit
 _INIT_SIZES = (1024, 256)  # non-square, so that 1/sqrt(d_in), 1/sqrt(d_out) and the recipe's σ all differ
 _TRUNCATED_STD = 0.98658  # std of N(0, 1) truncated to [-3, 3]
@@ -30,7 +30,7 @@ def _no_builtin(what: str, fn: Callable[..., Any], *args: Any) -> Any:
     """``call(what, fn, *args)``, failing if it used F.linear (under any name, or through nn.Linear)."""
     return call_without_builtins(
         what, {F.linear: "F.linear", torch._C._nn.linear: "F.linear"},
-        f"compute it yourself: {_EINSUM} (or x @ self.weight.T); F.linear is only the reference", fn, *args)
+        "compute y = W x yourself, for every row of x: F.linear is only the reference", fn, *args)
 
 
 def _check_structure(impl: type) -> None:
@@ -39,14 +39,14 @@ def _check_structure(impl: type) -> None:
     layer = _no_builtin("Linear(5, 3)", impl, 5, 3)
     if isinstance(layer, nn.Linear) or any(isinstance(m, nn.Linear) for m in layer.modules()):
         fail("Linear is (or contains) torch.nn.Linear, the built-in this notebook builds",
-             "subclass nn.Module and create the weight yourself: "
-             "self.weight = nn.Parameter(torch.empty(out_features, in_features, ...))")
+             "subclass nn.Module and register the weight yourself, an nn.Parameter of shape (out_features, "
+             "in_features)")
     found = {key: tuple(p.shape) for key, p in layer.named_parameters()}
     has_bias = any(key == "bias" or key.endswith(".bias") for key in found)
     if not has_bias and found.get("weight") == (5, 3):
         fail("Linear.weight is stored as (in_features, out_features) = (5, 3)",
              "store it as (out_features, in_features) = (3, 5), like torch.nn.Linear and the course's checkpoints, "
-             f"and apply it with the transpose: {_EINSUM}")
+             "and apply it through its transpose")
     check_parameters(layer, {"weight": (3, 5)}, _NAME)
 
 
@@ -74,7 +74,7 @@ def _check_output(y: Any, x: torch.Tensor, weight: torch.Tensor, what: str, impl
     if y.shape != expected.shape:
         if y.shape[-1:] == expected.shape[-1:] and y.numel() == expected.numel():
             fail(f"{what} loses the leading dimensions: it returned shape {tuple(y.shape)}, expected {tuple(expected.shape)}",
-                 f"keep every leading dimension: {_EINSUM} (or reshape back to x.shape[:-1] + (d_out,))")
+                 "keep every leading dimension: the product runs over the last one only")
         fail(f"{what} returned shape {tuple(y.shape)}, expected {tuple(expected.shape)} ({shapes})",
              "the output keeps x's leading dimensions and has out_features as its last one")
     if y.dtype != expected.dtype:
@@ -88,15 +88,15 @@ def _check_output(y: Any, x: torch.Tensor, weight: torch.Tensor, what: str, impl
     if d_in == d_out and close(y, x @ weight):
         if impl is not None and _reshapes(impl):
             fail(f"{what} reshapes (or views) the weight to (d_in, d_out) instead of transposing it",
-                 f"reshape keeps the memory order and scrambles the matrix; use W.T (a transpose) or {_EINSUM}",
+                 "reshape keeps the memory order and scrambles the matrix; a transpose swaps the axes",
                  "On a square layer the reshape does nothing, so this computes x @ W; "
                  "on Linear(5, 3) it matches x @ W.reshape(5, 3).")
         fail(f"{what} applies the weight without the transpose (it computes x @ W)",
-             f"the weight is (d_out, d_in), so y = x @ W.T; write {_EINSUM}",
+             "the weight is (d_out, d_in), so a row of x meets it transposed: y = x Wᵀ",
              "A square layer hides this: the shapes fit, but every output is wrong.")
     if d_in != d_out and close(y, x @ weight.reshape(d_in, d_out)):
         fail(f"{what} reshapes (or views) the weight to (d_in, d_out) instead of transposing it",
-             f"reshape keeps the memory order and scrambles the matrix; use W.T (a transpose) or {_EINSUM}")
+             "reshape keeps the memory order and scrambles the matrix; a transpose swaps the axes")
     if x.dtype == torch.float64 and close(y, expected, rtol=1e-5, atol=1e-5):
         fail(f"{what} matches F.linear only to float32 precision: it computes in float32 and casts back",
              "compute in the input's dtype: no .float() inside forward")
@@ -106,7 +106,7 @@ def _check_output(y: Any, x: torch.Tensor, weight: torch.Tensor, what: str, impl
              "remove it: the recipe has no biases anywhere, y = W x")
     difference = (y.to(expected.dtype) - expected).abs().max().item()
     fail(f"{what} differs from F.linear(x, weight) by up to {difference:.3g}",
-         f"compute y = x @ W.T over the last dimension, e.g. {_EINSUM}", shapes)
+         "y = x Wᵀ over the last dimension: find the part of yours that differs", shapes)
 
 
 def _check_forward(impl: type) -> None:
@@ -128,7 +128,8 @@ def _check_forward(impl: type) -> None:
                 if leading != _LEADING[0] and cause is not None and not isinstance(cause, NotImplementedError):
                     raise AssertionError(
                         f"{what} crashes ({type(cause).__name__}), though inputs of shape {(*_LEADING[0], d_in)} work: "
-                        f"accept any number of leading dimensions with '...' in the einsum: {_EINSUM}."
+                        "accept any number of leading dimensions: the product runs over the last one only, whatever "
+                        "comes before it."
                     ) from cause
                 raise
             _check_output(y, x, weight, what, impl)
@@ -171,16 +172,15 @@ def _check_gradients(impl: type) -> None:
 
 def _check_init(impl: type) -> None:
     """N(0, σ²) with σ² = 2/(d_in + d_out), cut at ±3σ, drawn afresh from torch's generator."""
-    check_initialised(_NAME, lambda: impl(5, 3), "fill it in reset_parameters, in place: nn.init.trunc_normal_("
-                      "self.weight, mean=0.0, std=σ, a=-3 * σ, b=3 * σ) with σ = math.sqrt(2 / (in_features + out_features))")
+    check_initialised(_NAME, lambda: impl(5, 3), f"fill it in place with the recipe's draw, {_RECIPE}")
     torch.manual_seed(1)
     first = call("Linear(5, 3)", impl, 5, 3).weight.detach()
     if not torch.isfinite(first).all():
         fail("Linear's initial weight contains NaN or inf, so it is not initialised (torch.empty holds whatever was in memory)",
-             "fill it with nn.init.trunc_normal_(self.weight, std=σ, a=-3σ, b=3σ)")
+             f"fill it in place with the recipe's draw, {_RECIPE}")
     if (first == 0).all():
         fail("Linear's initial weight is all zeros (every output feature would then learn the same thing)",
-             "fill it with nn.init.trunc_normal_(self.weight, std=σ, a=-3σ, b=3σ)")
+             f"fill it in place with the recipe's draw, {_RECIPE}")
     torch.manual_seed(2)
     second = call("Linear(5, 3)", impl, 5, 3).weight.detach()
     if torch.equal(first, second):
@@ -192,14 +192,13 @@ def _check_init(impl: type) -> None:
     w = call(f"Linear({d_in}, {d_out})", impl, d_in, d_out).weight.detach().double().flatten()
     if not torch.isfinite(w).all():
         fail("Linear's initial weight contains NaN or inf, so it is not initialised (torch.empty holds whatever was in memory)",
-             "fill it with nn.init.trunc_normal_(self.weight, std=σ, a=-3σ, b=3σ)")
+             f"fill it in place with the recipe's draw, {_RECIPE}")
     sigma = math.sqrt(2 / (d_in + d_out))
     size = f"Linear({d_in}, {d_out})"
     std, mean, top = w.std().item(), w.mean().item(), w.abs().max().item()
     evidence = (f"{size}: σ = sqrt(2 / ({d_in} + {d_out})) = {sigma:.5f}; "
                 f"measured std {std:.5f} = {std / sigma:.3f} σ, max |w| = {top / sigma:.2f} σ")
-    recipe = ("nn.init.trunc_normal_(self.weight, mean=0.0, std=σ, a=-3 * σ, b=3 * σ) "
-              "with σ = math.sqrt(2 / (in_features + out_features))")
+    recipe = _RECIPE
     if std == 0:
         fail(f"every initial weight of {size} has the same value ({w[0].item():.3g})", f"draw them: {recipe}")
     if abs(mean) > 5 * std / math.sqrt(w.numel()):
@@ -263,8 +262,8 @@ def check_linear(impl: type) -> None:
     no transpose (x @ W on a square layer); the weight stored as (in, out); reshape/view instead of
     transpose; ``trunc_normal_``'s default absolute cut (a=-2, b=2: no truncation); a cut too tight;
     the wrong σ (1/sqrt(d_in), 1/sqrt(d_out), sqrt(2/d_in), 2/sqrt(d_in + d_out), sqrt(1/(d_in + d_out)),
-    the variance passed as std, std 1); a uniform init (nn.Linear's default); weights not initialised,
-    all zero, or the same in every layer; a bias (registered or not); ``device``/``dtype`` ignored;
+    the variance passed as std, std 1); a uniform init (nn.Linear's default); weights never filled (in whole
+    or in part, from torch.empty or torch.Tensor(...)), all zero, or the same in every layer; a bias (registered or not); ``device``/``dtype`` ignored;
     F.linear or nn.Linear used inside; leading dimensions lost or a fixed number of them; the output cast
     to another dtype, or float64 computed in float32; no gradient reaching the weight (.detach(), .data, no_grad).
     """

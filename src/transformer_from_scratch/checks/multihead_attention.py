@@ -15,8 +15,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import reference
-from ._harness import (BuiltinSpy, call, check_device_and_dtype, check_gradients, check_parameters, check_signature,
+from ._harness import (BuiltinSpy, call, check_initialised, check_device_and_dtype, check_gradients, check_parameters, check_signature,
                        close, describe, fail, generator, passed)
+
+# What a composite says of a weight never filled: its parts initialise themselves, as their own checks demand.
+_INIT_FIX = ("build each part from the course's Linear (Embedding, RMSNorm), which fills its own weight, and do not "
+             "replace a weight with a new, unfilled one afterwards")
 
 _NAME = "MultiHeadSelfAttention"
 _SIGNATURE = ["d_model", "num_heads", "max_seq_len", "theta", "device", "dtype"]
@@ -26,9 +30,9 @@ _SDPA = reference.SDPA  # saved at import, so the reference is never a patched o
 _D_MODEL, _HEADS, _SEQ = 12, 3, 5
 _MAX_SEQ_LEN, _THETA = 16, 10000.0
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "output_proj")
-_SPLIT = 'rearrange(q, "... seq (heads d_k) -> ... heads seq d_k", heads=num_heads)'
-_MERGE = 'rearrange(out, "... heads seq d_k -> ... seq (heads d_k)")'
-_RIGHT_ROPE = "after splitting the heads: q = rope(q, positions), k = rope(k, positions), with positions of shape (..., 1, seq)"
+_SPLIT = "head h owns features h·d_k … (h+1)·d_k − 1 of every token, and the heads become a batch axis before seq"
+_RIGHT_ROPE = ("after splitting the heads, with one rotation of size d_k shared by every head (positions that "
+               "broadcast over the heads axis)")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -91,35 +95,35 @@ _STRUCTURE_VARIANTS = [
     (dict(split="no transpose"),
      "the heads are split without the transpose: a reshape straight to (..., heads, seq, d_k) hands each head "
      "pieces of several tokens",
-     f"reshape to (..., seq, heads, d_k) first, then swap seq and heads with .transpose(-3, -2), or {_SPLIT}"),
+     f"split the features of each token first, then move the heads axis before seq: {_SPLIT}"),
     (dict(split="no transpose", merge="right"),
      "the heads are split without the transpose: a reshape straight to (..., heads, seq, d_k) hands each head "
      "pieces of several tokens",
-     f"reshape to (..., seq, heads, d_k) first, then swap seq and heads with .transpose(-3, -2), or {_SPLIT}"),
+     f"split the features of each token first, then move the heads axis before seq: {_SPLIT}"),
     (dict(merge="no transpose"),
      "the heads are merged without the transpose: a reshape of (..., heads, seq, d_k) straight to (..., seq, d_model) "
      "glues rows of different tokens together",
-     f"swap heads and seq back first, out.transpose(-3, -2).reshape(..., seq, d_model), or {_MERGE}"),
+     "move seq back before the heads first, so that each token's heads are glued together, the exact inverse of the "
+     "split"),
     (dict(split="strided"),
      "each head takes every num_heads-th feature ((d_k heads) instead of (heads d_k)), not a contiguous block",
-     f"head h owns features h·d_k … (h+1)·d_k − 1: {_SPLIT}, and merge back the same way"),
+     f"{_SPLIT}; merge back the same way"),
     (dict(mask="none"),
      "the attention is not causal: every query also sees the keys after it (the future)",
-     "pass the causal mask, torch.tril(torch.ones(seq, seq, dtype=torch.bool)) (True = may attend), "
-     "to scaled_dot_product_attention"),
+     "attend with a causal mask, True where query i may attend to key j, i.e. j ≤ i (the lower triangle)"),
     (dict(mask="flipped"),
      "the causal mask is flipped: each query sees itself and the future instead of itself and the past",
-     "use the lower triangle, torch.tril(torch.ones(seq, seq, dtype=torch.bool)): True means 'may attend'"),
+     "query i may attend to keys j ≤ i, the lower triangle: True means 'may attend'"),
     (dict(mask="diagonal"),
      "the causal mask hides the diagonal: query i must see key i (itself) too",
-     "use torch.tril(torch.ones(seq, seq, dtype=torch.bool)) with the diagonal, not tril(..., diagonal=-1)"),
+     "the lower triangle includes its diagonal: keys j ≤ i, not j < i"),
     (dict(scale="d_model"),
      "the scores are scaled by 1/√d_model instead of 1/√d_k",
-     "each head is a dot product of d_k = d_model / num_heads numbers: divide by math.sqrt(d_k), which "
-     "scaled_dot_product_attention does by itself from the last dimension of its inputs"),
+     "each head is a dot product of d_k = d_model / num_heads numbers, so √d_k is its scale; "
+     "scaled_dot_product_attention takes it from the last dimension of its inputs by itself"),
     (dict(output_proj=False),
      "output_proj is not applied: the merged heads are returned as they are",
-     "finish with self.output_proj(merged), which mixes what the heads found"),
+     "the merged heads go through output_proj, which mixes what the heads found"),
 ]
 _ROPE_VARIANTS = [
     (dict(rope_on="qkv"),
@@ -133,7 +137,7 @@ _ROPE_VARIANTS = [
      f"apply it {_RIGHT_ROPE} and a RotaryPositionalEmbedding built with d_k = d_model // num_heads"),
     (dict(rope_on="none"),
      "RoPE is not applied, though max_seq_len and theta are given",
-     f"create self.rope = RotaryPositionalEmbedding(theta, d_k, max_seq_len, device=device) and apply it {_RIGHT_ROPE}"),
+     f"with max_seq_len and theta, build a RotaryPositionalEmbedding of size d_k and apply it {_RIGHT_ROPE}"),
     (dict(rope_on="q"),
      "RoPE is applied to the queries only: the scores need both sides rotated to depend on the offset",
      f"rotate the keys too, {_RIGHT_ROPE}"),
@@ -191,7 +195,7 @@ def _forward(module: nn.Module, x: Tensor, positions: Tensor | None, what: str) 
         fail(f"{what} returned {describe(out)}, not a tensor", "return only the output of output_proj")
     if out.shape != x.shape:
         fail(f"{what} returned shape {tuple(out.shape)}, expected {tuple(x.shape)} (the input's shape)",
-             f"split into heads and merge them back to (..., seq, d_model): {_SPLIT}, then {_MERGE}")
+             f"split into heads and merge them back to (..., seq, d_model): {_SPLIT}")
     if out.dtype != x.dtype:
         fail(f"{what} returned {out.dtype} for a {x.dtype} input", "keep the input's dtype (no .float() inside)")
     return out
@@ -267,7 +271,7 @@ def _check_init(impl: Any) -> None:
     """Each projection starts as the recipe's Linear does: std 0.987·σ with σ² = 2/(d_model + d_model)."""
     d_model = 64
     torch.manual_seed(0)
-    module = _make(impl, d_model, 4)
+    module = check_initialised(_NAME, lambda: impl(d_model, 4), _INIT_FIX)
     sigma = math.sqrt(2 / (2 * d_model))
     for name in _PROJECTIONS:
         w = getattr(module, name).weight.detach().double()
@@ -416,7 +420,7 @@ def check_multihead_self_attention(impl: Callable[..., Any]) -> None:
           nn.MultiheadAttention inside;
         * wrong parameter names or shapes, a bias, RoPE tables saved in the state dict;
         * F.scaled_dot_product_attention in the default path; device/dtype ignored; projections with identical
-          or uninitialised weights; no gradient (detached computations).
+          or never filled (torch.empty) weights; no gradient (detached computations).
     """
     with torch.random.fork_rng(devices=[]):
         _check_structure(impl)

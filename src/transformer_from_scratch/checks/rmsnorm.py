@@ -17,7 +17,7 @@ NAME = "RMSNorm"
 EPS = 1e-5
 # (leading shape, d_model): none, one and two leading dimensions, rows != d_model and rows == d_model.
 CASES = [((), 8), ((3,), 8), ((2, 5), 8), ((8,), 8), ((4,), 5), ((2, 1, 3), 16)]
-FIX_DIM = "reduce over the last dimension only: x.pow(2).mean(dim=-1, keepdim=True)"
+FIX_DIM = "each vector is normalised by its own RMS: average the squares over the last dimension only"
 
 _Variant = Callable[[Tensor, Tensor, float], Tensor]
 
@@ -31,7 +31,7 @@ def _ms(x: Tensor) -> Tensor:
 # (most specific first). Each formula maps (x, gain, eps) to what that mistake computes, in x's dtype.
 WRONG_FORMULAS: list[tuple[str, str, _Variant]] = [
     ("forward does not multiply by the gain self.weight",
-     "return x / rms * self.weight (the gain is learned, so it must be applied)",
+     "RMSNorm(x) = x / RMS(x) · g: the gain is learned, feature by feature, so it must be applied",
      lambda x, g, eps: x / torch.sqrt(_ms(x) + eps)),
     ("the mean of the squares is taken over dim=0 (the batch), not over the features",
      FIX_DIM,
@@ -40,10 +40,10 @@ WRONG_FORMULAS: list[tuple[str, str, _Variant]] = [
      FIX_DIM,
      lambda x, g, eps: x / torch.sqrt(x.pow(2).mean() + eps) * g),
     ("the mean of the squares is taken without keepdim=True, so the RMS broadcasts along the wrong axis",
-     "keep the reduced dimension: x.pow(2).mean(dim=-1, keepdim=True) has shape (..., 1)",
+     "keep the reduced dimension with size 1, so that the RMS, shape (..., 1), broadcasts against x (..., d_model)",
      lambda x, g, eps: x / torch.sqrt(x.pow(2).mean(dim=-1) + eps) * g),
     ("the squares are summed, not averaged",
-     "use .mean(dim=-1, keepdim=True), not .sum: RMS is the root of the MEAN square",
+     "RMS is the root of the MEAN square: it does not grow with the number of features",
      lambda x, g, eps: x / torch.sqrt(x.pow(2).sum(dim=-1, keepdim=True) + eps) * g),
     ("forward subtracts the mean, which makes it LayerNorm, not RMSNorm",
      "do not centre x; divide x itself by sqrt(mean(x²) + eps)",
@@ -52,20 +52,20 @@ WRONG_FORMULAS: list[tuple[str, str, _Variant]] = [
      "do not centre x; divide x itself by sqrt(mean(x²) + eps)",
      lambda x, g, eps: (x - x.mean(dim=-1, keepdim=True)) / torch.sqrt(_ms(x) + eps) * g),
     ("forward divides by the standard deviation (x.std / x.var), not by the root mean square",
-     "RMS(x) = sqrt(mean(x²) + eps): square, average over dim=-1, add eps, take the root",
+     "RMS(x) = √(mean(x²) + ε) squares x itself: RMSNorm does not centre",
      lambda x, g, eps: x / torch.sqrt(x.var(dim=-1, keepdim=True) + eps) * g),
     ("forward divides by the standard deviation (the root of the centred variance, x.var(unbiased=False)), not by "
      "the root mean square",
-     "RMS(x) = sqrt(mean(x²) + eps): square x itself (not x minus its mean), average over dim=-1, add eps, take the root",
+     "RMS(x) = √(mean(x²) + ε) squares x itself, not x minus its mean: RMSNorm does not centre",
      lambda x, g, eps: x / torch.sqrt(x.var(dim=-1, unbiased=False, keepdim=True) + eps) * g),
     ("the square root is missing, forward divides by mean(x²) + eps instead of its root",
-     "divide by torch.sqrt(mean(x²) + eps) (or multiply by torch.rsqrt(...))",
+     "RMS is the ROOT of the mean square: mean(x²) has the units of x², so x / mean(x²) still depends on x's scale",
      lambda x, g, eps: x / (_ms(x) + eps) * g),
     ("eps is added outside the square root, x / (sqrt(mean(x²)) + eps)",
-     "add eps under the root: torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)",
+     "ε goes under the root, RMS = √(mean(x²) + ε): it keeps the denominator away from 0 for a vector near 0",
      lambda x, g, eps: x / (torch.sqrt(_ms(x)) + eps) * g),
     ("eps is ignored, forward divides by sqrt(mean(x²)) alone",
-     "add self.eps under the root: torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)",
+     "ε goes under the root, RMS = √(mean(x²) + ε): it keeps the denominator away from 0 for a vector near 0",
      lambda x, g, eps: x / torch.sqrt(_ms(x)) * g),
 ]
 
@@ -96,7 +96,7 @@ def _forward(module: nn.Module, x: Tensor) -> Tensor:
         if isinstance(cause, RuntimeError) and "must match the size of tensor" in str(cause):
             fail("the mean of the squares is taken without keepdim=True, so x (..., d_model) and the RMS (...) "
                  "do not broadcast",
-                 "keep the reduced dimension: x.pow(2).mean(dim=-1, keepdim=True) has shape (..., 1)",
+                 "keep the reduced dimension with size 1, so that the RMS, shape (..., 1), broadcasts against x (..., d_model)",
                  f"input {tuple(x.shape)}: {str(cause).splitlines()[0]}")
         raise
 
@@ -130,7 +130,7 @@ def _compare(actual: Any, x: Tensor, gain: Tensor, eps: float, where: str,
         if close(actual, candidate):
             fail(mistake, fix, f"{where}: the output matches that formula")
     fail(f"{NAME}'s output differs from F.rms_norm",
-         "RMSNorm(x) = x / sqrt(mean(x², dim=-1, keepdim=True) + eps) * weight; compare your forward line by line",
+         "RMSNorm(x) = x / √(mean(x²) + ε) · g, the mean over each vector's features: compare each part of yours",
          f"{where}: {_max_error(actual, expected)}")
 
 
@@ -146,10 +146,10 @@ def _check_construction(impl: Any) -> None:
     module = _make(impl, 8)
     if not list(module.parameters()):
         fail(f"{NAME} has no learnable gain (no nn.Parameter)",
-             "in __init__ create self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))")
+             "register the gain, one learnable number per feature (d_model of them, ones at the start), as an "
+             "nn.Parameter called weight")
     check_parameters(module, {"weight": (8,)}, NAME)
-    check_initialised(NAME, lambda: impl(8), "initialise the gain to ones: nn.init.ones_(self.weight) (or create it "
-                      "with torch.ones), so a new layer only normalises")
+    check_initialised(NAME, lambda: impl(8), "initialise the gain to ones, so a new layer only normalises")
     weight = module.weight.detach().double()
     if not torch.equal(weight, torch.ones(8, dtype=torch.float64)):
         values = ", ".join(f"{v:.3g}" for v in weight.tolist())
@@ -167,7 +167,7 @@ def _check_construction(impl: Any) -> None:
         call(f"{NAME}.reset_parameters()", module.reset_parameters)
         if not torch.equal(module.weight.detach().double(), torch.ones(8, dtype=torch.float64)):
             fail(f"{NAME}.reset_parameters() does not set the gain back to ones",
-                 "fill it in place: nn.init.ones_(self.weight) (a new nn.Parameter would detach it from optimisers)",
+                 "fill it with ones in place (a new nn.Parameter would detach it from optimisers)",
                  "after weight.fill_(3.0) and reset_parameters(), weight is not all ones")
     check_device_and_dtype(lambda **kwargs: impl(8, **kwargs), NAME)
 
@@ -202,7 +202,7 @@ def _check_eps(impl: Any) -> None:
     out = _forward(module, zeros)
     if isinstance(out, Tensor) and not out.isfinite().all():
         fail("eps is ignored, so an all-zero vector gives 0/0 = NaN",
-             "add self.eps under the root: torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)",
+             "ε goes under the root, RMS = √(mean(x²) + ε): it keeps the denominator away from 0 for a vector near 0",
              f"RMSNorm({d_model})(zeros) contains {out.isnan().sum().item()} NaN")
     _compare(out, zeros, torch.ones(d_model), EPS, f"RMSNorm({d_model}) on an all-zero input")
 
@@ -254,7 +254,7 @@ def _check_half(impl: Any) -> None:
         if not out.isfinite().all() or (out == 0).all() or close(out, naive):
             fail("no float32 upcast, so in float16 the squares of activations above 256 overflow to inf "
                  "and the output becomes 0 (or NaN)",
-                 "compute in float32 and cast back: x32 = x.to(torch.float32) ... return out.to(x.dtype)",
+                 "compute in float32, where the squares fit, and cast the result back to the input's dtype",
                  f"{where}: {(out == 0).sum().item()} zeros, {(~out.isfinite()).sum().item()} inf/NaN in the output")
         fail(f"{NAME}'s float16 output differs from F.rms_norm computed in float64",
              "upcast x to float32, compute, multiply by the gain, then cast back to x.dtype",
@@ -265,7 +265,7 @@ def _check_half(impl: Any) -> None:
         out = _forward(module, x.to(in_dtype))
         if out.dtype != in_dtype:
             fail(f"the result is not cast back to the input's dtype ({str(in_dtype)[6:]} in, {str(out.dtype)[6:]} out)",
-                 "end forward with .to(in_dtype), where in_dtype = x.dtype was saved before the upcast",
+                 "cast the result back to the dtype x came in (remember it before the upcast)",
                  f"RMSNorm({d_model}, dtype={str(module_dtype)[6:]}) on a {str(in_dtype)[6:]} input")
         expected = F.rms_norm(x.to(in_dtype).double(), (d_model,), eps=EPS)
         rtol = 2e-3 if in_dtype == torch.float16 else 1.6e-2
@@ -286,14 +286,13 @@ def _check_float64(impl: Any) -> None:
         where = f"RMSNorm({d_model}, dtype={str(module_dtype)[6:]}) on a float64 input"
         if isinstance(out, Tensor) and out.dtype != torch.float64:
             fail(f"a float64 input is downcast and comes back as {out.dtype}",
-                 "upcast only what is narrower than float32 (compute_dtype = torch.promote_types(x.dtype, "
-                 "torch.float32)) and return out.to(x.dtype)", where)
+                 "upcast only what is narrower than float32, and cast the result back to x's dtype", where)
         expected = _reference(x, gain, EPS)
         if close(out, expected, rtol=1e-10, atol=1e-10):
             continue
         if close(out, expected, rtol=1e-5, atol=1e-5):
             fail("a float64 input is computed in float32 (x.float()), so it keeps only float32's 7 digits",
-                 "upcast only what is narrower than float32: compute_dtype = torch.promote_types(x.dtype, torch.float32)",
+                 "upcast only what is narrower than float32: float64 keeps its own precision",
                  f"{where}: {_max_error(out, expected)}")
         _compare(out, x, gain, EPS, where)
 

@@ -101,34 +101,33 @@ def _theta_ignored(x: Tensor, positions: Tensor, theta: float) -> Tensor:
 _VARIANTS: list[tuple[Variant, str, str]] = [
     (_half_split, f"it rotates half-split pairs (x[k], x[k + d_k/2]), as Hugging Face's Llama does, instead of "
                   f"the interleaved pairs {_PAIRS} the course fixes",
-     "take x[..., 0::2] and x[..., 1::2] as the two members of each pair (or rearrange "
-     "'... (half two) -> ... half two', two=2), and write the result back interleaved"),
+     "pair k is the neighbours 2k and 2k + 1: take its members from the even and the odd coordinates, and write "
+     "the result back interleaved"),
     (_rotate_half_with_interleaved_tables,
      "it mixes two layouts: Hugging Face's rotate_half pairs x[k] with x[k + d_k/2], while cos and sin are repeated for "
      "the interleaved pairs (x[2k], x[2k+1]), so the two members of a pair turn by different angles",
-     "use the course's layout throughout: x_even, x_odd = x[..., 0::2], x[..., 1::2] with one cos and one sin per "
-     "pair, and write the rotated pairs back at 2k and 2k+1"),
+     "use the course's layout throughout: the pairs are the neighbours 2k and 2k + 1, each with one cos and one "
+     "sin, written back at 2k and 2k + 1"),
     (_written_back_half_split, "the rotated pairs are written back half-split (all the first members, then all the "
                                "second members, as torch.cat does) instead of interleaved",
-     "put each rotated pair back at 2k and 2k+1: torch.stack((even, odd), dim=-1).flatten(-2) "
-     "(or rearrange '... half two -> ... (half two)'), not torch.cat((even, odd), dim=-1)"),
+     "put each rotated pair back where it came from, at 2k and 2k + 1: the members interleave, they are not "
+     "concatenated"),
     (_wrong_direction, "it rotates in the wrong direction (the sign of sin is flipped)",
      "rotate counter-clockwise: x'[2k] = x[2k]·cos − x[2k+1]·sin, x'[2k+1] = x[2k]·sin + x[2k+1]·cos"),
     (_exponent_k_over_d, "the frequencies use the exponent k/d_k instead of 2k/d_k",
-     "pair k turns by theta^(-2k/d_k) per token: the exponents are torch.arange(0, d_k, 2) / d_k "
-     "(not torch.arange(d_k // 2) / d_k)"),
+     "pair k turns by theta^(-2k/d_k) per token: the exponents 2k/d_k run 0, 2/d_k, 4/d_k, … up to (d_k − 2)/d_k"),
     (_positive_exponent, "the frequencies are theta^(+2k/d_k) instead of theta^(-2k/d_k), so the last pairs spin "
                          "fastest instead of slowest",
-     "divide by theta^(2k/d_k): 1.0 / theta ** (torch.arange(0, d_k, 2) / d_k)"),
+     "pair k turns by theta^(-2k/d_k) per token: 1 for the first pair, ever slower after it"),
     (_positions_ignored, "it ignores token_positions and rotates the tokens by 0, 1, 2, … (their index in x)",
-     "look the angles up at the given positions: self.cos_table[token_positions], not torch.arange(seq)"),
+     "a token turns by the angles of its own position, the one token_positions gives, not by its index in x"),
     (_positions_plus_one, "the positions are shifted by one: the token at position i is rotated by the angles of "
                           "position i + 1 (a table built from torch.arange(1, max_seq_len + 1), or positions + 1)",
-     "row i of the tables holds position i's angles, from torch.arange(max_seq_len) = 0, 1, …; look them up with "
+     "row i of the tables holds position i's angles, for every position 0 … max_seq_len − 1: look them up with "
      "token_positions as they are"),
     (_positions_minus_one, "the positions are shifted by one: the token at position i is rotated by the angles of "
                            "position i - 1",
-     "row i of the tables holds position i's angles, from torch.arange(max_seq_len) = 0, 1, …; look them up with "
+     "row i of the tables holds position i's angles, for every position 0 … max_seq_len − 1: look them up with "
      "token_positions as they are"),
     (_theta_ignored, "it ignores theta and always uses 10000",
      "build the frequencies from the theta passed to __init__"),
@@ -219,8 +218,8 @@ def _check_float64_angles(impl: type, gen: torch.Generator) -> None:
     if close(out, _rotate_complex(x, angles32.double()), rtol=1e-5, atol=1e-5):
         error = (angles32.double() - reference.rope_angles(positions, d_k, _THETA)).abs().max().item()
         fail(f"the angles are computed in float32: at position 8000 they are off by up to {error:.1g} rad, and so is "
-             "every rotation there", "compute the frequencies and the angles in float64 (torch.arange(..., "
-             "dtype=torch.float64)), take cos and sin, and only then store the tables in float32",
+             "every rotation there", "compute the frequencies and the angles in float64, take cos and sin, and "
+             "only then store the tables in float32",
              f"max_seq_len={max_seq_len}, positions {positions.tolist()}")
     diff = (out - expected).abs().max().item()
     fail(f"the output differs from the rotation by up to {diff:.3g} at positions up to {max_seq_len - 1} "
@@ -237,7 +236,8 @@ def _check_structure(impl: type) -> nn.Module:
     parameters = [name for name, _ in rope.named_parameters()]
     if parameters:
         fail(f"{_NAME} has learnable parameters {parameters}, but RoPE's angles are fixed by the formula",
-             "store the cos/sin tables with self.register_buffer(name, table, persistent=False), not nn.Parameter")
+             "store the cos/sin tables as non-persistent buffers (register_buffer, persistent=False), not as "
+             "nn.Parameter")
     saved = list(rope.state_dict())
     if saved:
         fail(f"{_NAME} saves {saved} in its state dict, so the course's checkpoints no longer load with strict=True",
@@ -246,7 +246,7 @@ def _check_structure(impl: type) -> nn.Module:
     plain = [name for name, value in vars(rope).items() if isinstance(value, Tensor) and id(value) not in buffers]
     if plain:
         fail(f"the tables {plain} are plain tensor attributes, so model.to('cuda') leaves them behind on the CPU",
-             "register them with self.register_buffer(name, table, persistent=False)")
+             "register them as non-persistent buffers (register_buffer, persistent=False): buffers follow .to()")
     meta = _build(impl, device="meta")
     elsewhere = [name for name, b in meta.named_buffers() if b.device.type != "meta"]
     if elsewhere:
@@ -267,7 +267,7 @@ def _check_every_position(impl: type, gen: torch.Generator) -> None:
     except AssertionError as error:
         if isinstance(error.__cause__, (IndexError, RuntimeError)) and "index" in str(error.__cause__).lower():
             fail(f"the tables do not cover every position 0 … max_seq_len - 1 (here max_seq_len={max_seq_len})",
-                 "build them from torch.arange(max_seq_len), one row per position",
+                 "build one row per position, 0 … max_seq_len − 1",
                  f"positions {positions.tolist()} raised {type(error.__cause__).__name__}: {error.__cause__}")
         raise
 
@@ -325,6 +325,29 @@ def _check_range_positions(rope: nn.Module, gen: torch.Generator) -> None:
         fail(f"{what} is not the rotation of positions 7 … 11", fix)
 
 
+_ALIGNMENT_FIX = ("view_as_complex reads each pair where it lies, as one complex number, so it needs the pairs aligned "
+                  "in memory (last stride 1, every other stride and the storage offset even); when x's layout breaks "
+                  "that, copy x into fresh memory first (x.contiguous() returns an already contiguous view as it is, "
+                  "odd offset and all)")
+
+
+def _check_views(rope: nn.Module, gen: torch.Generator) -> None:
+    """x handed over as a view of other memory: at an odd storage offset (big[1:].view(...)), and transposed."""
+    positions = torch.tensor([5, 17, 0, 63, 17, 2, 40])
+    big = torch.randn(1 + 3 * 7 * _D_K, generator=gen)
+    cases = [("a contiguous view with an odd storage offset, big[1:].view(3, 7, d_k)", big[1:].view(3, 7, _D_K)),
+             ("a transposed view, (7, 3, d_k).transpose(0, 1)", torch.randn(7, 3, _D_K, generator=gen).transpose(0, 1))]
+    for name, x in cases:
+        try:
+            _compare(rope, x, positions, _THETA)
+        except AssertionError as error:
+            cause = error.__cause__
+            if cause is None or isinstance(cause, NotImplementedError):
+                raise
+            first = (str(cause).strip().splitlines() or [""])[0]
+            fail(f"forward crashes on x as {name} ({type(cause).__name__}: {first})", _ALIGNMENT_FIX)
+
+
 def check_rope(impl: type) -> None:
     """Check ``RotaryPositionalEmbedding(theta, d_k, max_seq_len, device=None)`` against an independent rotation.
 
@@ -335,8 +358,8 @@ def check_rope(impl: type) -> None:
     registered as buffers and created on the ``device`` given; the output (shape, dtype, values) for x of 2-D to
     4-D with token_positions (seq,), (batch, seq) and broadcast (batch, 1, seq), in float32 and float64, with
     positions in any order and repeated, two values of theta; every position up to max_seq_len - 1; the gradient
-    reaching x; bfloat16 and float16 inputs; token_positions given as a range of consecutive positions. Inputs come
-    from a fixed seed on the CPU.
+    reaching x; bfloat16 and float16 inputs; token_positions given as a range of consecutive positions; x as a view
+    at an odd storage offset and as a transposed view. Inputs come from a fixed seed on the CPU.
 
     Mistakes it recognises:
         * half-split pairs (x[k], x[k + d_k/2]) (Hugging Face's rotate_half, notebook 06's first pitfall) instead of
@@ -356,7 +379,9 @@ def check_rope(impl: type) -> None:
           rounded to bfloat16 / float16 before cos and sin;
         * no gradient reaching x (a detached computation);
         * a range of positions not taken: the tables indexed with something other than what the given check
-          returns.
+          returns;
+        * a crash on x handed over as a view: at an odd storage offset (big[1:].view(...), which view_as_complex
+          cannot read in place and .contiguous() does not copy) or transposed.
     """
     rope = _check_structure(impl)
     gen = generator(0)
@@ -379,6 +404,7 @@ def check_rope(impl: type) -> None:
     _check_gradients(rope, gen)
     _check_half(rope, gen)
     _check_range_positions(rope, gen)
+    _check_views(rope, gen)
     passed(f"check_rope: {_NAME} matches an independent complex rotation (torch.polar): interleaved pairs, "
            "2-D to 4-D inputs, broadcast token_positions and ranges, float32/float64/bfloat16/float16, two thetas, every "
            "position < max_seq_len, gradients, no parameters, empty state dict")

@@ -70,7 +70,7 @@ def _diagnosing_crashes(impl: Softmax) -> Softmax:
         except TypeError as error:
             if "return_types.max" in str(error) or "return_types.min" in str(error):
                 fail("x.max(dim) returns a (values, indices) pair, not a tensor",
-                     "use x.amax(dim=dim, keepdim=True), or x.max(dim=dim, keepdim=True).values",
+                     "take the values (the maximum itself), kept with size 1 along dim so that it lines up with x",
                      f"PyTorch said: {str(error).splitlines()[0]}")
             raise
     return run
@@ -78,7 +78,8 @@ def _diagnosing_crashes(impl: Softmax) -> Softmax:
 
 def _fail_keepdim(evidence: str) -> None:
     fail("a max or sum along dim drops that dimension (no keepdim=True), so it broadcasts against the wrong axis",
-         "write x.amax(dim=dim, keepdim=True) and exps.sum(dim=dim, keepdim=True)", evidence)
+         "keep the reduced dimension with size 1 (keepdim), in the max and in the sum, so that each lines up with "
+         "its own slice", evidence)
 
 
 def _name(x: torch.Tensor, dim: int) -> str:
@@ -96,7 +97,7 @@ def _run(impl: Softmax, x: torch.Tensor, dim: int) -> torch.Tensor:
         fail(f"{_name(x, dim)} returned {describe(out)}, not a tensor", "return the tensor of probabilities")
     if out.shape != x.shape:
         fail(f"{_name(x, dim)} returned shape {tuple(out.shape)}, expected x's shape {tuple(x.shape)}",
-             "return one probability per score: divide the exps by their sum kept with keepdim=True")
+             "return one probability per score: the output has x's shape")
     if out.dtype != x.dtype:
         if x.dtype in HALF and out.dtype == torch.float32:
             fail(f"softmax returns float32 for a {str(x.dtype).removeprefix('torch.')} input",
@@ -137,27 +138,28 @@ def _variants(x: torch.Tensor, dim: int) -> Iterator[tuple[str, str, Callable[[]
         if other != d:
             shown = -1 if other == ndim - 1 else other
             yield (f"the max is taken along dim={shown}, the sum along dim={dim}",
-                   "take both along dim, m = x.amax(dim=dim, keepdim=True)",
+                   "the max and the sum belong to the same slices: take both along dim",
                    lambda o=other: _stable(x, dim, max_dim=o))
             yield (f"the sum is taken along dim={shown}, the max along dim={dim}",
-                   "take both along dim, exps.sum(dim=dim, keepdim=True)",
+                   "the max and the sum belong to the same slices: take both along dim",
                    lambda o=other: _stable(x, dim, sum_dim=o))
     for max_keepdim, sum_keepdim in [(False, True), (True, False), (False, False)]:
         yield (_NO_KEEPDIM, "", lambda m=max_keepdim, s=sum_keepdim: _without_keepdim(x, dim, m, s))
     yield ("softmax never divides by the sum, so the exps are not probabilities yet",
-           "divide by exps.sum(dim=dim, keepdim=True)", lambda: torch.exp(x - x.amax(dim=dim, keepdim=True)))
+           "divide each slice's exps by their sum along dim", lambda: torch.exp(x - x.amax(dim=dim, keepdim=True)))
     yield ("softmax sums over every element of x, not along dim",
-           "sum along dim only, exps.sum(dim=dim, keepdim=True)",
+           "each slice is normalised by its own sum, along dim only",
            lambda: torch.exp(x - x.amax(dim=dim, keepdim=True)) / torch.exp(x - x.amax(dim=dim, keepdim=True)).sum())
     yield ("softmax returns log-probabilities (log_softmax), not probabilities",
-           "return exps / exps.sum(dim=dim, keepdim=True), without the log", lambda: torch.log_softmax(x, dim=dim))
+           "return the probabilities themselves, without the log", lambda: torch.log_softmax(x, dim=dim))
     yield ("softmax does not subtract the max first, so exp overflows to inf at large scores (inf / inf = NaN) "
            "and underflows to 0 at very negative ones (0 / 0)",
-           "subtract m = x.amax(dim=dim, keepdim=True) before exp (softmax(x - m) = softmax(x), so it is free)",
+           "softmax(x − m) = softmax(x) for any m, so shift by the max along dim before exp: every exponent is then "
+           "≤ 0, and the largest is exactly 0",
            lambda: torch.exp(x) / torch.exp(x).sum(dim=dim, keepdim=True))
     yield ("softmax subtracts the max of the whole tensor (x.max()), not the max along dim, so a slice far below "
            "the overall max underflows to 0 / 0 = NaN",
-           "subtract each slice's own max, m = x.amax(dim=dim, keepdim=True)",
+           "each slice is shifted by its own max, so that its largest exponent is exactly 0",
            lambda: torch.exp(x - x.max()) / torch.exp(x - x.max()).sum(dim=dim, keepdim=True))
 
 
@@ -181,8 +183,8 @@ def _diagnose(x: torch.Tensor, dim: int, out: torch.Tensor, expected: torch.Tens
                 _fail_keepdim(evidence)
             fail(mistake, fix, evidence)
     fail(f"{_name(x, dim)} differs from torch.softmax",
-         "compare your steps with stable_softmax in 'Build it step by step' (the max along dim with keepdim=True, "
-         "exp of x minus it, divided by the sum along dim with keepdim=True)", evidence)
+         "softmax(x) = exp(x − m) / Σ exp(x − m) along dim, m the max along dim: compare each of your steps with "
+         "stable_softmax in 'Build it step by step'", evidence)
 
 
 def _compare(impl: Softmax, x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -338,7 +340,7 @@ def _diagnose_backward(grad: torch.Tensor, p: torch.Tensor, g: torch.Tensor, dim
         (g - dot, "the backward returns g − ⟨g, p⟩ without multiplying by p",
          "multiply by p: p ⊙ (g − ⟨g, p⟩) (the Jacobian is diag(p) − p pᵀ)"),
         (p * (g - g.sum(dim=dim, keepdim=True)), "the backward subtracts the sum of g instead of ⟨g, p⟩ = Σ g ⊙ p",
-         "weight the sum by p: p ⊙ (g − (g * p).sum(dim, keepdim=True))"),
+         "weight the sum by p: p ⊙ (g − ⟨g, p⟩), with ⟨g, p⟩ = Σ g ⊙ p along dim"),
     ]
     for wrong, mistake, fix in variants:
         if close(grad, wrong):

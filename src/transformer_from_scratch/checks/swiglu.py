@@ -12,13 +12,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import reference
-from ._harness import (call, call_without_builtins, check_parameters, check_signature, close, describe, fail, generator,
+from ._harness import (call, check_initialised, call_without_builtins, check_parameters, check_signature, close, describe, fail, generator,
                        passed)
+
+# What a composite says of a weight never filled: its parts initialise themselves, as their own checks demand.
+_INIT_FIX = ("build each part from the course's Linear (Embedding, RMSNorm), which fills its own weight, and do not "
+             "replace a weight with a new, unfilled one afterwards")
 
 # ---------------------------------------------------------------------------------------------------- silu
 
 _SILU_BUILTINS = {F.silu: "F.silu", torch._C._nn.silu: "F.silu"}  # nn.SiLU goes through F.silu
-_SILU_FIX = "compute it yourself: return x * torch.sigmoid(x); F.silu is only the reference the check compares with"
+_SILU_FIX = "compute it yourself from its definition, x · sigmoid(x): F.silu is only the reference the check compares with"
 _SHAPES = [(7,), (), (3, 5), (2, 3, 4)]
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -37,22 +41,22 @@ def _run_silu(impl: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     out = call_without_builtins(_silu_name(x), _SILU_BUILTINS, _SILU_FIX, impl, x)
     if not torch.equal(x.detach(), before):
         fail("silu modifies its input x in place (x.mul_, x *= ..., torch.sigmoid_)",
-             "return a new tensor, x * torch.sigmoid(x): the caller (w1's output, in SwiGLU) still needs x")
+             "return a new tensor and leave x as it was: the caller (w1's output, in SwiGLU) still needs x")
     if not isinstance(out, Tensor):
-        fail(f"{_silu_name(x)} returned {describe(out)}, not a tensor", "return x * torch.sigmoid(x)")
+        fail(f"{_silu_name(x)} returned {describe(out)}, not a tensor", "return the tensor of x · sigmoid(x)")
     if out.shape != x.shape:
         fail(f"{_silu_name(x)} returned shape {tuple(out.shape)}, expected x's shape {tuple(x.shape)}",
              "silu acts element by element: no sum, mean or reshape")
     if out.dtype != x.dtype:
         fail(f"silu returns {_dtype_name(out.dtype)} for a {_dtype_name(x.dtype)} input: the dtype is not kept",
-             "compute in x's dtype, x * torch.sigmoid(x), with no .float() / .double() / .to(...); "
-             "if you upcast, cast the result back with .to(x.dtype)")
+             "compute in x's dtype, with no .float() / .double() / .to(...); if you upcast, cast the result back "
+             "to x's dtype")
     return out
 
 
 def _silu_variants(x: Tensor) -> list[tuple[str, str, Callable[[], Tensor]]]:
     """The classic wrong SiLUs, most specific first: (mistake, fix, how to compute it)."""
-    right = "silu(x) = x * torch.sigmoid(x)"
+    right = "silu(x) = x · sigmoid(x)"
     return [
         ("silu returns sigmoid(x) alone, without the factor x",
          f"multiply by x: {right}", lambda: torch.sigmoid(x)),
@@ -97,8 +101,9 @@ def _compare_silu(impl: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
             fail(mistake, fix, evidence)
     if x.dtype == torch.float64 and close(out, expected, rtol=1e-5, atol=1e-6):
         fail("silu computes a float64 input in float32 and casts back, so it keeps only float32's 7 digits",
-             "compute in x's dtype: x * torch.sigmoid(x), no .float()", evidence)
-    fail(f"{_silu_name(x)} differs from F.silu(x)", "silu(x) = x * torch.sigmoid(x), element by element", evidence)
+             "compute in x's dtype: no .float()", evidence)
+    fail(f"{_silu_name(x)} differs from F.silu(x)", "silu(x) = x · sigmoid(x), element by element: find the part of "
+         "yours that differs", evidence)
 
 
 def _check_silu_values(impl: Callable[[Tensor], Tensor], g: torch.Generator) -> None:
@@ -125,7 +130,7 @@ def _check_silu_half(impl: Callable[[Tensor], Tensor], g: torch.Generator) -> No
         if not close(out.double(), exact, rtol=2 * eps, atol=2e-4):
             relative = ((out.double() - exact).abs() / exact.abs().clamp_min(1e-2)).max().item()
             fail(f"{_silu_name(x)} is off by up to {relative / eps:.1f} rounding steps of {_dtype_name(dtype)}",
-                 "compute x * torch.sigmoid(x) (in x's dtype, or in float32 and cast back with .to(x.dtype))")
+                 "compute x · sigmoid(x) in x's dtype, or in float32 and cast the result back to x's dtype")
 
 
 def _check_silu_gradients(impl: Callable[[Tensor], Tensor], g: torch.Generator) -> None:
@@ -136,7 +141,7 @@ def _check_silu_gradients(impl: Callable[[Tensor], Tensor], g: torch.Generator) 
     out = _run_silu(impl, ours)
     if out.grad_fn is None:
         fail("silu's output is cut off from autograd (it has no grad_fn), so no gradient reaches w1 in SwiGLU",
-             "build it from torch operations on x, x * torch.sigmoid(x): no torch.no_grad(), .detach(), .data, "
+             "build it from torch operations on x: no torch.no_grad(), .detach(), .data, "
              ".item(), .numpy() or math.exp")
     call("backward() through your silu", (out * upstream).sum().backward)
     theirs = base.clone().requires_grad_(True)
@@ -145,10 +150,10 @@ def _check_silu_gradients(impl: Callable[[Tensor], Tensor], g: torch.Generator) 
         sigma = torch.sigmoid(base)
         if ours.grad is not None and close(ours.grad, upstream * sigma):
             fail("the sigmoid factor is detached (.detach(), .data or no_grad), so the gradient misses x · σ'(x)",
-                 "let autograd follow both factors: x * torch.sigmoid(x)")
+                 "let autograd follow both factors of x · sigmoid(x): d/dx = σ(x) + x · σ'(x)")
         difference = float("nan") if ours.grad is None else (ours.grad - theirs.grad).abs().max().item()
         fail("the gradient of silu differs from F.silu's",
-             "build silu from differentiable torch operations, x * torch.sigmoid(x), and let autograd do the rest",
+             "build silu from differentiable torch operations and let autograd do the rest",
              f"largest difference {difference:.3g}")
 
 
@@ -179,10 +184,10 @@ def check_silu(impl: Callable[[Tensor], Tensor]) -> None:
 
 _NAME = "SwiGLU"
 _D_MODEL, _D_FF = 8, 12  # never equal: a swapped in/out shows in the shapes
-_FORMULA = "self.w2(silu(self.w1(x)) * self.w3(x))"
+_FORMULA = "SwiGLU(x) = W2 (silu(W1 x) ⊙ W3 x)"
 _LEADING = [(2, 5), (), (3,), (2, 3, 4)]
 _WEIGHTS = ("w1", "w2", "w3")
-_SWIGLU_FIX = "use the silu you wrote (silu(self.w1(x))), not F.silu or nn.SiLU: they are what this notebook builds"
+_SWIGLU_FIX = "use the silu you wrote for the gate, not F.silu or nn.SiLU: they are what this notebook builds"
 
 
 def _expected_shapes(d_model: int, d_ff: int) -> dict[str, tuple[int, int]]:
@@ -253,7 +258,7 @@ def _check_init(impl: Any) -> None:
     """Each weight as Linear's recipe makes it: std 0.987 σ for its own shape, cut at ±3σ; w1 and w3 different."""
     d_model, d_ff = 64, 160
     torch.manual_seed(0)
-    module = _make(impl, d_model, d_ff)
+    module = check_initialised(_NAME, lambda: impl(d_model, d_ff), _INIT_FIX)
     weights = {name: getattr(module, name).weight.detach().double() for name in _WEIGHTS}
     for name, w in weights.items():
         sigma = math.sqrt(2 / sum(w.shape))
@@ -354,7 +359,7 @@ def _forward(module: nn.Module, x: Tensor, what: str) -> Tensor:
 def _compare(y: Any, x: Tensor, w: dict[str, Tensor], what: str) -> None:
     expected = _reference(x, w)
     if not isinstance(y, Tensor):
-        fail(f"{what} returned {describe(y)}, not a tensor", f"return {_FORMULA}")
+        fail(f"{what} returned {describe(y)}, not a tensor", f"return the output tensor, {_FORMULA}")
     if y.shape != expected.shape:
         fail(f"{what} returned shape {tuple(y.shape)}, expected {tuple(expected.shape)}",
              f"the output keeps x's leading dimensions and has d_model as its last one: {_FORMULA}")
@@ -436,7 +441,7 @@ def check_swiglu(impl: Any) -> None:
     (d_ff, d_model), or w1/w3 as (d_model, d_ff)); the d_ff argument ignored; Hugging Face's names (gate_proj,
     up_proj, down_proj), bare nn.Parameters (w1 instead of w1.weight), other names; w3 the same layer as w1;
     biases; torch.nn.Linear instead of the course's Linear (the decision: refused, its init is Kaiming-uniform);
-    weights not initialised as the recipe says; device/dtype ignored; F.silu / nn.SiLU used inside; float64
+    weights not initialised as the recipe says, or never filled (torch.empty); device/dtype ignored; F.silu / nn.SiLU used inside; float64
     computed in float32, the dtype not kept; no gradient reaching a weight.
     """
     with torch.random.fork_rng(devices=[]):

@@ -39,18 +39,26 @@ CROSS_ENTROPY_BUILTIN_FIX = ("compute it yourself from the logits: a max, torch.
                              "(the built-in is only the checks' reference)")
 
 
-def cross_entropy_variants(z: torch.Tensor, y: torch.Tensor) -> list[tuple[Any, str, str]]:
-    """The classic wrong cross-entropies of logits ``z`` (N, V) and targets ``y`` (N,), as ``diagnose`` variants."""
+def cross_entropy_variants(z: torch.Tensor, y: torch.Tensor,
+                           leading: tuple[int, ...] = ()) -> list[tuple[Any, str, str]]:
+    """The classic wrong cross-entropies of logits ``z`` (N, V) and targets ``y`` (N,), as ``diagnose`` variants;
+    with ``leading`` (the shape the N examples came in, e.g. (batch, seq)), the means over one axis only too."""
     rows = torch.arange(len(y))
     lse = torch.logsumexp(z, dim=-1)
     largest = z.max(dim=-1).values
+    losses = (lse - z[rows, y]).reshape(leading or y.shape)
     return [
         (lambda: (lse - z[rows, y]).sum(), "it returns the sum over the examples, not their mean",
          "divide by the number of examples (.mean() of the per-example losses)"),
+        *([(lambda: losses.sum(-1).mean(), f"it averages over the batch axis only: the mean over the {leading[0]} "
+            f"sequences of each one's sum over its {leading[-1]} positions",
+            "the loss is the mean over every example of all leading axes: every position of every sequence counts "
+            "once, so divide the total by batch × seq")] if len(leading) > 1 else []),
         (lambda: (z[rows, y] - lse).mean(), "its sign is flipped: it returns the mean log-probability, not the loss",
          "the loss is −log p = log Σ exp(z) − z[target], a positive number"),
         (lambda: lse.mean() - z[:, y].mean(), "it picks the wrong logits: z[:, targets] takes every row's logits at "
-         "every target (an N × N block)", "pick one logit per row: z[torch.arange(N), targets], or gather along dim=-1"),
+         "every target (an N × N block)", "each example needs one logit, its own row's at its own target: index the "
+         "rows and the targets together (or gather along the last dimension)"),
         (lambda: (lse - largest - z[rows, y]).mean(), "it subtracts the max inside the exp but never adds it back",
          "log Σ exp(z) = m + log Σ exp(z − m): add m back (or subtract it from the target's logit too)"),
         (lambda: (lse - z[rows, y]).mean() / math.log(2), "it uses log base 2 (bits), not the natural log",
@@ -74,6 +82,10 @@ def _ce_call(impl: Callable[..., Any], z: torch.Tensor, y: torch.Tensor, what: s
     if isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(y.shape) and y.ndim > 0:
         fail(f"{what} returned one loss per example (shape {tuple(out.shape)}), not their mean",
              "average them: the loss is one number, a 0-d tensor")
+    if isinstance(out, torch.Tensor) and y.ndim > 1 and tuple(out.shape) in (tuple(y.shape[1:]), tuple(y.shape[:-1])):
+        fail(f"{what} returned shape {tuple(out.shape)}: the mean runs over one axis only of the targets' "
+             f"{tuple(y.shape)}", "the loss is the mean over every example of all leading axes: one number, a 0-d "
+             "tensor")
     return expect_tensor(what, out, (), "return the mean over every example: a 0-d tensor")
 
 
@@ -90,13 +102,13 @@ def _ce_ordinary(impl: Callable[..., Any]) -> None:
             cause = error.__cause__
             if len(shape) == 3 and cause is not None and not isinstance(cause, NotImplementedError):
                 raise AssertionError(f"{what} crashes ({type(cause).__name__}), though (N, vocab) logits work: it "
-                                     "does not handle leading dimensions: flatten them first, logits.reshape(-1, "
-                                     "vocab) and targets.reshape(-1).") from cause
+                                     "does not handle leading dimensions: every position of every sequence is one "
+                                     "example, so treat all the leading axes as one axis of examples.") from cause
             raise
         if out.dtype != dtype:
             fail(f"{what} returned {out.dtype}", "compute in the logits' dtype (float32 and float64 stay as they are)")
         flat_z, flat_y = z.reshape(-1, shape[-1]).double(), y.reshape(-1)
-        diagnose(what, out.double(), _ce_reference(z, y).double(), cross_entropy_variants(flat_z, flat_y),
+        diagnose(what, out.double(), _ce_reference(z, y).double(), cross_entropy_variants(flat_z, flat_y, shape[:-1]),
                  "the loss is the mean over the examples of log Σ_j exp(z_j) − z[target]",
                  rtol=1e-5 if dtype == torch.float32 else 1e-10, atol=1e-6 if dtype == torch.float32 else 1e-12)
 
@@ -175,8 +187,10 @@ def check_cross_entropy(impl: Callable[[torch.Tensor, torch.Tensor], torch.Tenso
     Mistakes it recognises (by name, in the first line of the error): no max subtraction (inf or NaN at ±1000); the
     log of the softmax's probabilities (−inf when one underflows); the sum instead of the mean; one loss per example
     returned; the sign flipped; z[:, targets] instead of one logit per row; the max subtracted and never added back;
-    log base 2; divided by the vocabulary size too; leading dimensions not flattened; float16/bfloat16 not upcast
-    (returned in half precision, or computed in it); a Python float returned; no gradient; a built-in used.
+    log base 2; divided by the vocabulary size too; leading dimensions not flattened; the mean over the batch axis
+    only (of the sums over the positions), or over one axis (a loss per position or per sequence returned);
+    float16/bfloat16 not upcast (returned in half precision, or computed in it); a Python float returned; no gradient;
+    a built-in used.
     """
     check_signature(impl, ["inputs", "targets"], "cross_entropy")
     with torch.random.fork_rng(devices=[]):
@@ -195,6 +209,9 @@ ADAMW_MISTAKES = {
                 "decouple it: θ ← θ − α·λ·θ on its own, and leave the gradient as it is for m and v"),
     "no_bias_correction": ("there is no bias correction: the step uses α, not α_t = α·√(1 − β2^t) / (1 − β1^t)",
                            "scale the step by α_t, with t the step number counted from 1"),
+    "no_v_hat": ("v is not bias-corrected: m is divided by 1 − β1^t, but v is used as it is, not v̂ = v / (1 − β2^t)",
+                 "v starts at 0 too, so it needs its own correction: divide v by 1 − β2^t (in the handout's α_t, "
+                 "the factor √(1 − β2^t))"),
     "t_from_0": ("the bias correction counts the steps from 0 (t − 1 in 1 − β^t), so the first step divides by zero",
                  "count from 1: increment the step number before using it"),
     "eps_inside_sqrt": ("ε is inside the square root (√(v + ε)), not added to it",
@@ -206,8 +223,38 @@ ADAMW_MISTAKES = {
     "betas_swapped": ("β1 and β2 are swapped: m uses β2 and v uses β1",
                       "m ← β1·m + (1 − β1)·g and v ← β2·v + (1 − β2)·g²"),
     "no_sqrt": ("the update divides by v + ε, not by √v + ε", "take the square root of v: v estimates g², not |g|"),
-    "v_not_squared": ("v averages g, not g²", "v ← β2·v + (1 − β2)·g·g, elementwise"),
+    "v_not_squared": ("v averages g, not g²", "v is the moving average of the squared gradient, elementwise"),
+    "moments_not_kept": ("m and v are not kept from one step to the next: each step starts them from 0 again (new "
+                         "tensors bound to a name, m = …, while self.state keeps the old ones)",
+                         "the moments are running averages over all the steps: update the tensors held in "
+                         "self.state[p] in place, or store the new ones back into it"),
 }
+# What a step that matches no named mistake is told: the parts of AdamW's maths to compare, in words.
+ADAMW_UNNAMED_FIX = ("compare each part of your step with AdamW's maths: m and v, the moving averages of g and g²; "
+                     "their bias correction by 1 − β^t, t counted from 1; the step α·m̂ / (√v̂ + ε); the decay "
+                     "α·λ·θ, taken from θ on its own")
+
+
+def name_adamw_mistake(follows: Callable[[str], bool], first_step: list[torch.Tensor], evidence: str) -> None:
+    """Fail with the first ADAMW_MISTAKES entry whose trajectory the learner's ``follows`` (one rule for the step check
+    and the optimizer's check); NaN or inf after the first step (``first_step``) is the step counted from 0."""
+    for mistake, (text, fix) in ADAMW_MISTAKES.items():
+        if follows(mistake):
+            fail(text, fix, f"{evidence}: yours follows that mistake")
+    if any(not torch.isfinite(t).all() for t in first_step):
+        fail(*ADAMW_MISTAKES["t_from_0"], f"{evidence}: NaN or inf after the first step")
+
+
+def first_divergence(mine: list[list[torch.Tensor]], forms: list[list[list[torch.Tensor]]], rtol: float,
+                     atol: float) -> tuple[int, float]:
+    """The step (from 1) where ``mine`` leaves the right form it follows longest, and by how much it differs there."""
+    def first(reference: list[list[torch.Tensor]]) -> int:
+        return next((k for k, (a, b) in enumerate(zip(mine, reference))
+                     if not all(close(x, y, rtol=rtol, atol=atol) for x, y in zip(a, b))), len(mine))
+    k, reference = max(((first(r), r) for r in forms), key=lambda pair: pair[0])
+    k = min(k, len(mine) - 1)
+    worst = max((a.detach().double() - b.double()).abs().max().item() for a, b in zip(mine[k], reference[k]))
+    return k + 1, worst
 
 
 def adamw_step(theta: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int, lr: float,
@@ -221,14 +268,14 @@ def adamw_step(theta: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torc
     and Adam's paper's; ``torch_eps``).
     """
     beta1, beta2 = (betas[1], betas[0]) if mistake == "betas_swapped" else betas
+    if mistake == "moments_not_kept":
+        m, v = torch.zeros_like(m), torch.zeros_like(v)
     g = grad + weight_decay * theta if mistake == "adam_l2" else grad
     m = beta1 * m + (1 - beta1) * g
     v = beta2 * v + (1 - beta2) * (g if mistake == "v_not_squared" else g * g)
     step = t - 1 if mistake == "t_from_0" else t
-    if mistake == "no_bias_correction":
-        bc1, bc2 = 1.0, 1.0
-    else:
-        bc1, bc2 = 1 - beta1**step, 1 - beta2**step
+    bc1 = 1.0 if mistake == "no_bias_correction" else 1 - beta1**step
+    bc2 = 1.0 if mistake in ("no_bias_correction", "no_v_hat") else 1 - beta2**step
     if bc1 == 0 or bc2 == 0:
         nan = torch.full_like(theta, float("nan"))
         return nan, m, v
@@ -351,19 +398,13 @@ def _adamw_algorithm(impl: type) -> None:
         return
     if all(torch.equal(a, s) for a, s in zip(actual[0], start)):
         fail(f"{what}.step() leaves the parameters as they were",
-             "update them in place (p.mul_, p.addcdiv_, … under torch.no_grad()); rebinding a name changes nothing")
-    for mistake, (name, fix) in ADAMW_MISTAKES.items():
-        if _matches(actual, start, grads, [hp] * 3, mistake=mistake):
-            fail(name, fix, f"{what}: yours follows that mistake for 4 steps")
-    if any(not torch.isfinite(t).all() for t in actual[0]):
-        fail(*ADAMW_MISTAKES["t_from_0"], "the parameters are NaN or inf after the first step")
-    expected = _reference_trajectory(start, grads, [hp] * 3)
-    for k, (mine, right) in enumerate(zip(actual, expected)):
-        if not all(close(a, b, rtol=1e-9, atol=1e-12) for a, b in zip(mine, right)):
-            worst = max((a - b).abs().max().item() for a, b in zip(mine, right))
-            fail(f"after step {k + 1}, {what} differs from AdamW by up to {worst:.3g}",
-                 "per step: t += 1; m ← β1·m + (1 − β1)·g; v ← β2·v + (1 − β2)·g²; α_t = α·√(1 − β2^t) / (1 − β1^t); "
-                 "θ ← θ − α_t·m / (√v + ε); θ ← θ − α·λ·θ")
+             "change the parameters themselves, in place and under torch.no_grad(): binding a new tensor to a name "
+             "changes nothing")
+    name_adamw_mistake(lambda mistake: _matches(actual, start, grads, [hp] * 3, mistake=mistake), actual[0],
+                       f"{what}, 4 steps")
+    forms = [_reference_trajectory(start, grads, [hp] * 3, **form) for form in adamw_forms()]
+    step, worst = first_divergence(actual, forms, rtol=1e-9, atol=1e-12)
+    fail(f"after step {step}, {what} differs from AdamW by up to {worst:.3g}", ADAMW_UNNAMED_FIX)
 
 
 def _adamw_eps(impl: type) -> None:
@@ -380,7 +421,7 @@ def _adamw_eps(impl: type) -> None:
         if _matches(actual, start, grads, [hp] * 2, mistake=mistake):
             fail(*ADAMW_MISTAKES[mistake], what)
     fail(f"{what} differs from AdamW, though it matched with ε negligible",
-         "add ε to the square root of v: θ ← θ − α_t·m / (√v + ε)")
+         "ε is added to √v, after the root: it only keeps the denominator away from 0")
 
 
 def _adamw_groups(impl: type) -> None:
@@ -400,7 +441,7 @@ def _adamw_groups(impl: type) -> None:
              "loop over self.param_groups and read lr, betas, eps and weight_decay from each group", what)
     if _matches(actual, start, grads, [defaults, {**defaults, "weight_decay": 0.0}]):
         fail("the learning rate is read once, in __init__, not from each param group (nor from the group a schedule "
-             "writes)", "read lr = group['lr'] inside step(), for each group, at every step", what)
+             "writes)", "read the learning rate from each group inside step(), at every step", what)
     fail(f"{what} differs from AdamW for a second param group with its own lr and weight_decay",
          "read every hyperparameter from the group the parameter belongs to")
 
@@ -418,7 +459,7 @@ def _adamw_schedule(impl: type) -> None:
         return
     if _matches(actual, start, grads, [hp] * 2):
         fail("the learning rate is read once, in __init__, so a schedule that writes group['lr'] has no effect",
-             "read lr = group['lr'] inside step(), at every step", what)
+             "read the learning rate from the group inside step(), at every step", what)
     fail(f"{what} differs from AdamW with those learning rates", "read group['lr'] at every step")
 
 
@@ -472,8 +513,9 @@ def check_adamw(impl: type) -> None:
     applied before the Adam step (PyTorch's order) or after it (the handout's), and ε added to √v (the handout's
     α_t form) or to √v̂ (PyTorch's): all four agree to the last bits.
 
-    Mistakes it recognises: weight decay coupled into the gradient (Adam + L2); no bias correction; bias correction
-    with t counted from 0; ε inside the square root; the decay applied with α_t instead of α; weight_decay ignored;
+    Mistakes it recognises: weight decay coupled into the gradient (Adam + L2); no bias correction, or none for v;
+    m and v not kept between steps (rebound to new tensors, the state left at 0); bias correction with t counted
+    from 0; ε inside the square root; the decay applied with α_t instead of α; weight_decay ignored;
     β1 and β2 swapped; no square root of v; v averaging g instead of g²; parameters left unchanged; a parameter
     without a gradient changed or crashing the step; no @torch.no_grad(); one param group's hyperparameters used
     for all; lr read once in __init__; the step number or the moments kept outside self.state (a resumed optimizer
@@ -617,7 +659,17 @@ CLIPPING_MISTAKES = {
     "no_eps": ("the scale is max_l2_norm / norm, without the 1e-6", "scale by max_l2_norm / (norm + 1e-6), as PyTorch does"),
     "always": ("the gradients are scaled even when their norm is below the maximum (small gradients are scaled up)",
                "scale only when the norm is above max_l2_norm"),
+    "float32_norm": ("the norm is accumulated in float32 while the gradients are float64, so it (and the scale) carry "
+                     "float32's rounding, about 1e-7 relative",
+                     "accumulate the norm in the gradients' own dtype: a sum started from a float32 tensor (or a "
+                     "Python float turned into one) rounds every partial sum to float32"),
 }
+
+
+def float32_rounded(value: float, right: float) -> bool:
+    """Whether ``value`` is ``right`` only to float32's precision: off by more than float64's rounding, by no more
+    than a few of float32's rounding steps."""
+    return not math.isclose(value, right, rel_tol=1e-12) and math.isclose(value, right, rel_tol=1e-6)
 
 
 def name_clipping_mistake(out: list[torch.Tensor], grads: list[torch.Tensor], max_norm: float, what: str,
@@ -629,6 +681,12 @@ def name_clipping_mistake(out: list[torch.Tensor], grads: list[torch.Tensor], ma
         differs = not all(close(a, b, rtol=rtol, atol=1e-15) for a, b in zip(wrong, expected))
         if differs and all(close(a, b, rtol=rtol, atol=1e-15) for a, b in zip(out, wrong)):
             fail(text, fix, what)
+    scales = torch.cat([(a / g).flatten() for a, g in zip(out, grads)]).double()
+    right = (expected[0] / grads[0]).flatten()[0].item()
+    if grads[0].dtype == torch.float64 and (scales.max() - scales.min()).item() <= 1e-12 * abs(right) and \
+            float32_rounded(scales.mean().item(), right):
+        fail(*CLIPPING_MISTAKES["float32_norm"], f"{what}: the scale is {scales.mean().item():.10g}, where float64 "
+             f"gives {right:.10g}")
 
 
 def _run_clipping(impl: Callable[..., Any], grads: list[torch.Tensor | None], max_norm: float, what: str, *,
@@ -680,7 +738,7 @@ def check_gradient_clipping(impl: Callable[..., Any]) -> None:
                 continue
             if name == "above" and all(torch.equal(a, g) for a, g in zip(out, grads)):
                 fail(f"{what} leaves the gradients unchanged: they are not scaled in place",
-                     "multiply each p.grad in place (p.grad.mul_(scale)); a new tensor bound to a name changes "
+                     "scale each p.grad in place, with its own in-place method; a new tensor bound to a name changes "
                      "nothing")
             name_clipping_mistake(out, grads, max_norm, what, rtol=1e-6)
             worst = max((a - b).abs().max().item() for a, b in zip(out, expected))
@@ -705,17 +763,29 @@ def _memmap(values: np.ndarray, folder: str) -> np.memmap:
     return np.memmap(path, dtype=values.dtype, mode="r")
 
 
+# What cutting or stacking windows says when one of them runs past the end of the data (numpy, torch).
+_SHORT_WINDOW = ("same shape", "equal size", "inhomogeneous", "could not broadcast")
+
+
+def name_start_past_the_end(verdict: AssertionError, what: str, data: str, length: int, context_length: int) -> None:
+    """If ``verdict`` is a crash of a window cut past the end of ``data`` (IndexError, or stacking rows of unequal
+    length), fail naming the last valid start; else return."""
+    cause = verdict.__cause__
+    if isinstance(cause, IndexError) or (isinstance(cause, (ValueError, RuntimeError)) and
+                                         any(phrase in str(cause) for phrase in _SHORT_WINDOW)):
+        last = length - context_length - 1
+        raise AssertionError(
+            f"{what} crashes with {type(cause).__name__}: it drew a start above {last}, the last valid start: starts "
+            f"must be drawn from 0 … len({data}) − context_length − 1 = {last}, and a later start runs its window or "
+            "its targets off the end.") from cause
+
+
 def _batch(impl: Callable[..., Any], dataset: Any, batch_size: int, context_length: int, device: Any,
            what: str) -> tuple[torch.Tensor, torch.Tensor]:
     try:
         out = call(what, impl, dataset, batch_size, context_length, device)
     except AssertionError as error:
-        if isinstance(error.__cause__, IndexError):
-            last = len(dataset) - context_length - 1
-            raise AssertionError(
-                f"{what} crashes with IndexError: it draws a start past the last valid one, len(dataset) − "
-                f"context_length − 1 = {last}, so the targets run off the end: draw starts from [0, len(dataset) − "
-                "context_length) (torch.randint's high is exclusive).") from error.__cause__
+        name_start_past_the_end(error, what, "dataset", len(dataset), context_length)
         raise
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         fail(f"{what} returned {describe(out)}, not a pair (inputs, targets)", "return both: inputs, targets")
@@ -800,8 +870,8 @@ def _check_starts(impl: Callable[..., Any], folder: str) -> None:
              "draw starts from [0, len(dataset) − context_length) (torch.randint's high is exclusive)")
     if counts[last] == 0:
         fail(f"the last valid start, len(dataset) − context_length − 1 = {last}, is never drawn (in {rows} rows)",
-             "torch.randint's high is exclusive: draw from [0, len(dataset) − context_length), i.e. "
-             "high = len(dataset) − context_length", f"starts drawn: {counts[: last + 1]}")
+             "torch.randint's high is exclusive: the starts must cover [0, len(dataset) − context_length), the "
+             "last valid start included", f"starts drawn: {counts[: last + 1]}")
     if counts[0] == 0:
         fail(f"start 0 is never drawn (in {rows} rows)", "draw starts from [0, len(dataset) − context_length)",
              f"starts drawn: {counts[: last + 1]}")
@@ -840,8 +910,8 @@ def _values(obj: Any) -> list[Any]:
     return list(obj.values()) if isinstance(obj, dict) else list(obj) if isinstance(obj, (list, tuple)) else []
 
 
-def _inspect_saved(raw: bytes, model: nn.Module, iteration: int, what: str) -> None:
-    """What the learner wrote holds the model's state dict, the optimizer's and the iteration."""
+def _inspect_saved(raw: bytes, model: nn.Module, iteration: int, what: str) -> Any:
+    """What the learner wrote holds the model's state dict, the optimizer's and the iteration; returns it."""
     try:
         saved = torch.load(io.BytesIO(raw), weights_only=False)
     except Exception as error:  # noqa: BLE001 - any failure to read it back is the verdict
@@ -849,7 +919,7 @@ def _inspect_saved(raw: bytes, model: nn.Module, iteration: int, what: str) -> N
              "write it with torch.save(checkpoint, out)")
     if isinstance(saved, nn.Module):
         fail(f"{what} saves the model object itself, not a dict of state dicts",
-             "save {'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'iteration': iteration}: "
+             "save a dict of the model's state_dict(), the optimizer's state_dict() and the iteration: "
              "tensors and numbers load anywhere (torch.load(weights_only=True)), a pickled object needs its class")
     values = _values(saved)
     if any(isinstance(v, (nn.Module, torch.optim.Optimizer)) for v in values):
@@ -859,14 +929,14 @@ def _inspect_saved(raw: bytes, model: nn.Module, iteration: int, what: str) -> N
     if not any(isinstance(v, (int, torch.Tensor)) and not isinstance(v, bool) and
                (v.numel() == 1 if isinstance(v, torch.Tensor) else True) and int(v) == iteration for v in values):
         fail(f"the iteration is not saved: {what} wrote no entry equal to iteration={iteration}",
-             "save it with the state dicts, e.g. checkpoint['iteration'] = iteration, and return it from "
-             "load_checkpoint")
+             "save it beside the state dicts, and return it from load_checkpoint")
     names = set(model.state_dict())
     if not any(isinstance(v, dict) and set(v) == names for v in values):
         fail(f"the model's state_dict() is not saved by {what}", "save model.state_dict() in the checkpoint")
     if not any(isinstance(v, dict) and {"state", "param_groups"} <= set(v) for v in values):
         fail(f"the optimizer's state is not saved by {what} (without m, v and the step number a resumed run "
              "restarts AdamW)", "save optimizer.state_dict() in the checkpoint")
+    return saved
 
 
 def _round_trip(save: Callable[..., Any], load: Callable[..., Any], target: Any, kind: str, iteration: int) -> None:
@@ -881,11 +951,19 @@ def _round_trip(save: Callable[..., Any], load: Callable[..., Any], target: Any,
         call(what_save, save, model, optimizer, iteration, target)
         raw = Path(target).read_bytes()
         source = Path(target) if isinstance(target, str) else str(target)
-    _inspect_saved(raw, model, iteration, what_save)
+    saved = _inspect_saved(raw, model, iteration, what_save)
     fresh = _Tiny(7)
     fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=0.01)
     what_load = f"load_checkpoint({kind}, model, optimizer)"
-    returned = call(what_load, load, source, fresh, fresh_optimizer)
+    try:
+        returned = call(what_load, load, source, fresh, fresh_optimizer)
+    except AssertionError as verdict:
+        key = verdict.__cause__.args[0] if isinstance(verdict.__cause__, KeyError) and verdict.__cause__.args else None
+        if isinstance(saved, dict) and isinstance(key, str) and key not in saved:
+            fail(f"load_checkpoint reads the key {key!r}, which save_checkpoint never writes (it writes "
+                 f"{', '.join(repr(k) for k in saved)})", "the keys that save_checkpoint writes and load_checkpoint "
+                 "reads must agree: read each entry under the name it was saved with", f"on {what_load}")
+        raise
     if returned is None:
         fail(f"{what_load} returns None, not the iteration", "return the saved iteration (an int)")
     if isinstance(returned, torch.Tensor) and returned.numel() == 1:
@@ -915,6 +993,28 @@ def _round_trip(save: Callable[..., Any], load: Callable[..., Any], target: Any,
              "load both state dicts, the model's and the optimizer's")
 
 
+def _targets(folder: str, prefix: str = "") -> list[tuple[Any, str, int]]:
+    """Where a checkpoint goes: a file object, a path as a str, a pathlib.Path (each with its own iteration)."""
+    return [(io.BytesIO(), "an io.BytesIO", 7), (str(Path(folder) / f"{prefix}a.pt"), "a path (str)", 12),
+            (Path(folder) / f"{prefix}b.pt", "a pathlib.Path", 3)]
+
+
+def _crashed(verdict: AssertionError | None) -> bool:
+    """Whether a round trip's verdict is a crash of the learner's code (not a stub, not a named mistake)."""
+    return verdict is not None and verdict.__cause__ is not None and \
+        not isinstance(verdict.__cause__, NotImplementedError) and " raised " in str(verdict).splitlines()[0]
+
+
+def _attempt(save: Callable[..., Any], load: Callable[..., Any], target: Any, kind: str,
+             iteration: int) -> AssertionError | None:
+    """The verdict of one round trip, or None when it passes."""
+    try:
+        _round_trip(save, load, target, kind, iteration)
+    except AssertionError as verdict:
+        return verdict
+    return None
+
+
 def check_checkpoint(save_checkpoint: Callable[..., Any], load_checkpoint: Callable[..., Any]) -> None:
     """Check the learner's ``save_checkpoint(model, optimizer, iteration, out)`` and ``load_checkpoint(src, model,
     optimizer) -> iteration`` together.
@@ -926,23 +1026,23 @@ def check_checkpoint(save_checkpoint: Callable[..., Any], load_checkpoint: Calla
 
     Mistakes it recognises: the iteration not saved; the optimizer's state not saved; the model's state dict not
     saved; the model or optimizer object pickled instead of its state_dict(); load_checkpoint returning None or
-    another number; the model's weights or the optimizer's state not loaded; a crash with a path or with a file
-    object (each named).
+    another number; load_checkpoint reading a key that save_checkpoint does not write; the model's weights or the
+    optimizer's state not loaded; a crash with a path or with a file object, when the other kind works (each named).
     """
     check_signature(save_checkpoint, ["model", "optimizer", "iteration", "out"], "save_checkpoint")
     check_signature(load_checkpoint, ["src", "model", "optimizer"], "load_checkpoint")
     with torch.random.fork_rng(devices=[]), tempfile.TemporaryDirectory() as folder:
-        for target, kind, iteration in [(io.BytesIO(), "an io.BytesIO", 7), (str(Path(folder) / "a.pt"), "a path (str)", 12),
-                                        (Path(folder) / "b.pt", "a pathlib.Path", 3)]:
+        for index, (target, kind, iteration) in enumerate(_targets(folder)):
             try:
                 _round_trip(save_checkpoint, load_checkpoint, target, kind, iteration)
             except AssertionError as error:
-                cause = error.__cause__
-                if cause is not None and not isinstance(cause, NotImplementedError) and "raised" in str(error).split("\n")[0]:
-                    first = str(error).splitlines()[0]
-                    raise AssertionError(f"{first.split(' raised')[0]} crashes with {kind}: torch.save(obj, out) and "
-                                         "torch.load(src) accept both a path and a binary file object; pass out and "
-                                         f"src to them as they are (no open(...) of your own).\n{first}") from cause
+                first = str(error).splitlines()[0]
+                if _crashed(error) and any(not _crashed(_attempt(save_checkpoint, load_checkpoint, *other))
+                                           for other in _targets(folder, "other") if other[1] != kind):
+                    raise AssertionError(f"{first.split(' raised')[0]} crashes with {kind}, though not with another "
+                                         "kind of target: torch.save and torch.load accept both a path and a binary "
+                                         "file object, so hand them out and src as they came (no open(...) of your "
+                                         f"own).\n{first}") from error.__cause__
                 raise
     passed("check_checkpoint: the model's and the optimizer's state dicts and the iteration come back exactly, and "
            "training continues as if never stopped; through a BytesIO, a str path and a pathlib.Path")

@@ -15,8 +15,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import reference
-from ._harness import (BuiltinSpy, call, check_device_and_dtype, check_gradients, check_parameters, check_signature,
+from ._harness import (BuiltinSpy, call, check_initialised, check_device_and_dtype, check_gradients, check_parameters, check_signature,
                        close, describe, fail, generator, passed)
+
+# What a composite says of a weight never filled: its parts initialise themselves, as their own checks demand.
+_INIT_FIX = ("build each part from the course's Linear (Embedding, RMSNorm), which fills its own weight, and do not "
+             "replace a weight with a new, unfilled one afterwards")
 
 _NAME = "TransformerBlock"
 _SIGNATURE = ["d_model", "num_heads", "d_ff", "max_seq_len", "theta", "device", "dtype"]
@@ -125,12 +129,12 @@ _VARIANTS = [
      "check_multihead_self_attention)"),
     (dict(rope=False),
      "the block's attention has no RoPE: max_seq_len and theta are not passed on to it",
-     "self.attn = MultiHeadSelfAttention(d_model, num_heads, max_seq_len, theta, device=device, dtype=dtype)"),
+     "build the attention with RoPE: pass max_seq_len and theta on to MultiHeadSelfAttention (and device, dtype)"),
 ]
 _NOT_CAUSAL = next(variant for variant in _VARIANTS if variant[0] == dict(causal=False))
 _POSITIONS_IGNORED = (
     "token_positions is not passed on to the attention: the output is the one for positions 0 … seq-1",
-    "call self.attn(self.ln1(x), token_positions)")
+    "pass token_positions on to the attention: RoPE rotates each token at its own position")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -258,7 +262,7 @@ def _check_init(impl: Any) -> None:
     """Gains start at ones; the projections as Linear starts them (std 0.987·σ, σ² = 2/(d_in + d_out))."""
     d_model, d_ff = 64, 128
     torch.manual_seed(0)
-    module = _make(impl, d_model, 4, d_ff, 16, _THETA)
+    module = check_initialised(_NAME, lambda: impl(d_model, 4, d_ff, 16, _THETA), _INIT_FIX)
     for name in ("ln1", "ln2"):
         gain = module.get_submodule(name).weight.detach()
         if not torch.equal(gain, torch.ones_like(gain)):
@@ -366,8 +370,8 @@ def check_transformer_block(impl: Callable[..., Any]) -> None:
         * wrong names (parameters or submodules), a bias, extra state-dict entries;
         * LayerNorm instead of RMSNorm; torch.nn.TransformerEncoderLayer, nn.MultiheadAttention, nn.RMSNorm or
           F.rms_norm / F.scaled_dot_product_attention used instead of the course's components;
-        * gains not starting at ones, projections not initialised as Linear; device/dtype ignored; the output cast
-          to another dtype; no gradient (detached computations); fused not passed on to the attention.
+        * gains not starting at ones, projections not initialised as Linear, a weight never filled; device/dtype
+          ignored; the output cast to another dtype; no gradient (detached computations); fused not passed on to the attention.
     """
     with torch.random.fork_rng(devices=[]):
         _check_structure(impl)

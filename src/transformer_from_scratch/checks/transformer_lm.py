@@ -15,8 +15,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import reference
-from ._harness import (BuiltinSpy, call, check_device_and_dtype, check_parameters, check_signature, close, describe, fail,
+from ._harness import (BuiltinSpy, call, check_initialised, check_device_and_dtype, check_parameters, check_signature, close, describe, fail,
                        generator, passed)
+
+# What a composite says of a weight never filled: its parts initialise themselves, as their own checks demand.
+_INIT_FIX = ("build each part from the course's Linear (Embedding, RMSNorm), which fills its own weight, and do not "
+             "replace a weight with a new, unfilled one afterwards")
 
 _NAME = "TransformerLM"
 _SIGNATURE = ["vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "device",
@@ -73,32 +77,33 @@ def _lm(ids: Tensor, w: dict[str, Tensor], positions: Tensor | None = None, *, c
     return {"logits": logits, "softmax": logits.softmax(-1), "log_softmax": logits.log_softmax(-1)}[output]
 
 
-_RETURN_LOGITS = ("return self.lm_head(self.ln_final(x)) as it is: F.cross_entropy and sampling apply the softmax "
-                  "themselves, and the logits keep what a softmax would round away")
+_RETURN_LOGITS = ("return lm_head's output as it is: F.cross_entropy and sampling apply the softmax themselves, and "
+                  "the logits keep what a softmax would round away")
 # Each: (keyword arguments of _lm that make the mistake, the mistake, the fix). Order: most specific first.
 _VARIANTS = [
     (dict(output="softmax"), "forward returns probabilities (the softmax of the logits), not logits", _RETURN_LOGITS),
     (dict(output="log_softmax"), "forward returns log-probabilities (log_softmax of the logits), not logits",
      _RETURN_LOGITS),
     (dict(ln_final=False), "ln_final is not applied: the last block's output goes straight to lm_head",
-     "finish with self.lm_head(self.ln_final(x)): pre-norm blocks leave the residual stream unnormalised"),
+     "pre-norm blocks leave the residual stream unnormalised: ln_final normalises it before lm_head reads it"),
     (dict(embedding_scale=math.sqrt(_D)),
      "the embeddings are multiplied by √d_model (as in the original Transformer), which this recipe does not do",
-     "use the rows of token_embeddings as they are: x = self.token_embeddings(token_ids)"),
+     "use the rows of token_embeddings as they are, unscaled"),
     (dict(chain="discarded"), "the blocks' outputs are thrown away (`layer(x)` instead of `x = layer(x)`)",
-     "assign each block's output: for layer in self.layers: x = layer(x, token_positions)"),
+     "the blocks form a chain: each reads the stream the block before it returned"),
     (dict(chain="residual twice"),
      "the residual is added twice (x = x + layer(x)), but TransformerBlock already adds its input to its output",
-     "x = layer(x, token_positions): the block returns y + ffn(ln2(y)) with y = x + attn(ln1(x)) itself"),
+     "a block's output already holds its input (y = x + attn(ln1(x)), out = y + ffn(ln2(y))): take it as the new "
+     "stream, add nothing"),
     (dict(chain="embeddings"), "every block reads the embeddings instead of the previous block's output",
-     "chain the blocks: x = layer(x, token_positions), so that block i reads block i-1's output"),
+     "the blocks form a chain: block i reads block i-1's output"),
     (dict(causal=False), "no causal mask anywhere: every position also sees the tokens after it (the future)",
      "the blocks' attention must be causal (query i sees keys j <= i): run check_multihead_self_attention and "
      "check_transformer_block on your components"),
 ]
 _POSITION_VARIANTS = [
     (dict(positions=None), "token_positions are not passed on to the blocks: the logits are those for positions "
-     "0 … seq-1", "call every block with them, x = layer(x, token_positions); None means 0 … seq-1"),
+     "0 … seq-1", "every block needs the positions: pass token_positions on to each; None means 0 … seq-1"),
 ]
 
 
@@ -144,20 +149,20 @@ def _forward(module: nn.Module, ids: Tensor, positions: Tensor | None, what: str
         if f"got values from 1 to {ids.shape[-1]}" in cause:
             fail("the default positions are shifted by one (1 … seq instead of 0 … seq - 1): the last token of a "
                  "full-length sequence falls off the end of RoPE's table",
-                 "default token_positions to torch.arange(seq) (positions start at 0), and pass them on unchanged",
+                 "positions start at 0: the default is 0 … seq − 1, passed on unchanged",
                  f"{what}: {cause.splitlines()[0]}")
         raise
     if not isinstance(out, Tensor):
-        fail(f"{what} returned {describe(out)}, not a tensor", "return the logits, self.lm_head(self.ln_final(x))")
+        fail(f"{what} returned {describe(out)}, not a tensor", "return the logits, lm_head's output")
     expected = (*ids.shape, _V)
     if out.shape != expected:
         if tuple(out.shape) == (*ids.shape[:-1], _V):
             fail(f"{what} returned the logits of the last position only, shape {tuple(out.shape)}",
                  f"return the logits of every position, {expected}: training predicts the next token everywhere "
-                 "at once; generate takes [..., -1, :] itself")
+                 "at once; generate picks the last position itself")
         if tuple(out.shape) == (*ids.shape, _D):
             fail(f"{what} returned shape {tuple(out.shape)}, the width d_model: lm_head is not applied",
-                 "finish with self.lm_head(self.ln_final(x)), which maps d_model to vocab_size")
+                 "lm_head maps the normalised stream from d_model to vocab_size: apply it last")
         fail(f"{what} returned shape {tuple(out.shape)}, expected {expected} (batch…, seq, vocab_size)",
              "token_embeddings -> every block of self.layers -> ln_final -> lm_head, with no reshape or sum")
     if out.dtype != dtype:
@@ -197,7 +202,7 @@ def _compare(module: nn.Module, out: Tensor, ids: Tensor, weights: dict[str, Ten
     diff = (out.detach().double().cpu() - expected).abs().nan_to_num(nan=math.inf).max().item()
     fail(f"the logits differ from the reference (built from F.embedding, F.rms_norm, F.linear, "
          f"F.scaled_dot_product_attention and F.silu) by up to {diff:.3g} on {what}",
-         "token_embeddings -> x = layer(x, token_positions) for each block -> ln_final -> lm_head; if "
+         "compare each part with token_embeddings -> every block in turn -> ln_final -> lm_head; if "
          "check_transformer_block fails, fix your block first")
 
 
@@ -256,7 +261,7 @@ def _check_init(impl: Any) -> None:
     """token_embeddings start as Embedding does (std 0.987), lm_head as Linear does (0.987·σ, σ² = 2/(d + V))."""
     torch.manual_seed(0)
     vocab, d = 256, 64
-    module = _make(impl, vocab, 16, d, 1, 4, 64, _THETA)
+    module = check_initialised(_NAME, lambda: impl(vocab, 16, d, 1, 4, 64, _THETA), _INIT_FIX)
     for name, sigma, recipe in [("token_embeddings", 1.0, "Embedding(vocab_size, d_model): N(0, 1) cut at ±3"),
                                 ("lm_head", math.sqrt(2 / (d + vocab)), "Linear(d_model, vocab_size): σ² = 2/(d + V)")]:
         w = getattr(module, name).weight.detach().double()
@@ -367,6 +372,7 @@ def check_transformer_lm(impl: Callable[..., Any]) -> None:
         * fused=True not passed on to the blocks (they never call F.scaled_dot_product_attention);
         * blocks' outputs thrown away (layer(x) without x =); the residual added twice (x = x + layer(x));
           every block reading the embeddings;
+        * token_embeddings or lm_head not initialised as their recipe says, or a weight never filled;
         * device/dtype ignored; no gradient (detached computations).
     """
     with torch.random.fork_rng(devices=[]):

@@ -43,7 +43,7 @@ _T_GETTER = torch.Tensor.T.__get__
 
 def _batched_transpose(what: str) -> None:
     fail("K.T is used on a batched K: it reverses every dimension, not only the last two",
-         "swap only the last two, K.transpose(-2, -1) (or K.mT), or name the axes with einsum and an ellipsis",
+         "swap only the last two axes, the keys' positions and features; the batch-like axes stay where they are",
          f"on {what}")
 
 
@@ -55,7 +55,8 @@ def check_attention_scores(attention_scores: Callable[[torch.Tensor, torch.Tenso
     (K Qᵀ: keys down the rows); K.T on a batched K (it reverses every dimension, not the last two).
     """
     gen = generator(0)
-    fix = "every query · every key, summed over d_k, then divided by math.sqrt(d_k), with d_k = Q.shape[-1]"
+    fix = ("the score of query i and key j is q_i · k_j / √d_k, d_k the number of features: find the part of yours "
+           "that differs")
     cases = [((), 3, 5, 5), ((), 4, 6, 8), ((2, 3), 4, 6, 8)]  # a square K (m = d_k = 5) first: Q @ K runs
     for leading, n, m, d_k in cases:
         Q, K = _randn(gen, *leading, n, d_k), _randn(gen, *leading, m, d_k)
@@ -78,11 +79,11 @@ def check_attention_scores(attention_scores: Callable[[torch.Tensor, torch.Tenso
              "deviation of q·k is √d_k"),
             (raw * math.sqrt(d_k), "the scores are multiplied by √d_k instead of divided", "divide by math.sqrt(d_k)"),
             (raw / math.sqrt(m), "the scores are divided by √m (the number of keys), not by √d_k",
-             "d_k is the last dimension of Q and K: math.sqrt(Q.shape[-1])"),
+             "d_k is the size of the last dimension of Q and K, the features each dot product sums over"),
             (raw / math.sqrt(n), "the scores are divided by √n (the number of queries), not by √d_k",
-             "d_k is the last dimension of Q and K: math.sqrt(Q.shape[-1])"),
+             "d_k is the size of the last dimension of Q and K, the features each dot product sums over"),
             (lambda: Q @ K / math.sqrt(d_k), "K is not transposed (Q @ K): a square K hides it",
-             "multiply by K with its last two axes swapped, K.transpose(-2, -1), so that row i · row j is q_i · k_j"),
+             "multiply by K with its last two axes swapped, so that row i · row j is q_i · k_j"),
             (lambda: K @ Q.transpose(-2, -1) / math.sqrt(d_k),
              "the scores are transposed (K Qᵀ): keys down the rows, queries across",
              "put Q on the left: row i of the scores belongs to query i, (..., n, m)"),
@@ -103,7 +104,8 @@ def check_attend(attend: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -
     transposed (Aᵀ V, which a square score matrix hides); the weights returned instead of the output.
     """
     gen = generator(1)
-    fix = "weights = softmax(scores, dim=-1), one distribution over the keys per query; output = weights @ V"
+    fix = ("each query's weights are a softmax over the keys (the last axis), and its output is the values weighted by "
+           "them: find the part of yours that differs")
     cases = [((), 5, 5, 2, 1.0), ((), 4, 6, 3, 1.0), ((2, 3), 4, 6, 5, 1.0), ((), 3, 4, 2, 300.0)]
     for leading, n, m, d_v, scale in cases:  # the last: scores of several hundred, where exp overflows
         scores, V = _randn(gen, *leading, n, m) * scale, _randn(gen, *leading, m, d_v)
@@ -144,7 +146,8 @@ def check_masked_scores(masked_scores: Callable[[torch.Tensor, torch.Tensor], to
     blocked); the mask ignored; the scores changed in place (masked_fill_, or an assignment into them).
     """
     gen = generator(2)
-    fix = "fill the scores with float('-inf') where the mask is False (~mask) and keep them where it is True"
+    fix = ("a score the mask forbids (False) becomes −∞ before the softmax, so that its weight is exactly 0; an "
+           "allowed one (True) stays as it is")
     cases = [((), 4, 6, ()), ((2, 3), 4, 6, ()), ((2,), 5, 5, (2,))]  # (n, m) masks shared by a batch, then one each
     for leading, n, m, mask_leading in cases:
         scores = _randn(gen, *leading, n, m)

@@ -222,8 +222,7 @@ def _draw(init_table: Callable[..., torch.Tensor], V: int, d: int, seed: int, gl
     if isinstance(out, torch.Tensor) and tuple(out.shape) == (d, V):
         fail(f"{what} returned shape {(d, V)}, the transpose of the table",
              "an embedding table has one row per token: (num_embeddings, embedding_dim), unlike Linear's (d_out, d_in)")
-    return expect_tensor(what, out, (V, d), "create it with torch.empty(num_embeddings, embedding_dim), then fill it "
-                         "in place")
+    return expect_tensor(what, out, (V, d), "a table of shape (num_embeddings, embedding_dim), filled in place")
 
 
 def check_init_table(init_table: Callable[..., torch.Tensor]) -> None:

@@ -48,44 +48,45 @@ def check_append_to_cache(append_to_cache: Callable[..., tuple[Tensor, Tensor]])
             out = call(what, append_to_cache, keys, values, length, k, v)
             if not isinstance(out, (tuple, list)) or len(out) != 2:
                 fail(f"{what} returned {describe(out)}, not the pair (keys so far, values so far)",
-                     "return both: keys[..., :length + n, :], values[..., :length + n, :]")
+                     "return both: the keys and the values of every position so far")
             got_k, got_v = out
             expected_k[:, :, length:length + n], expected_v[:, :, length:length + n] = k, v
             end = length + n
             for got in (got_k, got_v):
                 if isinstance(got, Tensor) and got.shape == (_B, _H, n, _DK) and n != end:
                     fail(f"{what} returns the new positions only ({n} of {end}), not every position so far",
-                         "return keys[..., :length + n, :]: the new query attends to every cached key and its own")
+                         "return positions 0 … length + n − 1: the new queries attend to every cached key and their "
+                         "own")
                 if isinstance(got, Tensor) and got.shape == (_B, _H, _MAX, _DK) and end != _MAX:
                     fail(f"{what} returns the whole buffer ({_MAX} positions), its empty slots included",
-                         "return only the filled part, keys[..., :length + n, :]: a query must not attend to the "
+                         "return only the filled positions, 0 … length + n − 1: a query must not attend to the "
                          "zeros of slots not filled yet")
-            expect_tensor(what, got_k, (_B, _H, end, _DK), "return keys[..., :length + n, :]")
-            expect_tensor(what, got_v, (_B, _H, end, _DK), "return values[..., :length + n, :]")
+            expect_tensor(what, got_k, (_B, _H, end, _DK), "return the keys of positions 0 … length + n − 1")
+            expect_tensor(what, got_v, (_B, _H, end, _DK), "return the values of positions 0 … length + n − 1")
             if not torch.equal(keys, expected_k) or not torch.equal(values, expected_v):
                 if torch.equal(keys, expected_v) or torch.equal(values, expected_k):
                     fail("keys and values are swapped: k is written into values", "k goes into keys, v into values")
                 if not keys.any() and not values.any():
                     fail("append_to_cache does not write into the preallocated buffers (torch.cat or a copy makes "
-                         "a new tensor at every step)", "write in place, keys[..., length:length + n, :] = k: the "
-                         "buffer is made once, and each step copies only its n new positions", f"on {what}")
+                         "a new tensor at every step)", "write the new positions into the buffers themselves, in "
+                         "place: they are made once, and each step copies only its n new positions", f"on {what}")
                 if length > 0 and torch.equal(keys[:, :, :n], k):
                     fail("append_to_cache writes the new keys at position 0, not at position `length`: the cached "
                          "ones are overwritten", "write them at positions length … length + n - 1",
                          f"on {what}")
                 fail(f"after {what}, the buffers do not hold the keys and values written so far at their positions",
-                     "write along the positions axis (the third, -2 from the end): keys[..., length:length + n, :] = k",
+                     "the positions are the buffers' third axis (-2 from the end): write the new ones at "
+                     "length … length + n − 1 along it",
                      f"on {what}")
             if not torch.equal(got_k, expected_k[:, :, :end]) or not torch.equal(got_v, expected_v[:, :, :end]):
                 fail(f"{what} returns other numbers than the buffers' positions 0 … {end - 1}",
-                     "return keys[..., :length + n, :] and values[..., :length + n, :]")
+                     "return those positions of each buffer: the keys from keys, the values from values")
             if not _shares_memory(got_k, keys) or not _shares_memory(got_v, values):
                 copied = copied or what
             length = end
         if copied:
-            fail(f"{copied} returns copies, not views of the buffers", "slice the buffers, "
-                 "keys[..., :length + n, :], without .clone() or torch.cat: a copy of the whole cache at every "
-                 "step costs what the cache saves")
+            fail(f"{copied} returns copies, not views of the buffers", "return slices of the buffers themselves: "
+                 "a copy of the whole cache at every step costs what the cache saves")
     passed("append_to_cache: n new keys and values written in place at positions length … length+n-1; views of "
            "every position so far returned (a prefill, single tokens, a chunk, up to the full buffer)")
 
@@ -96,6 +97,10 @@ def check_append_to_cache(append_to_cache: Callable[..., tuple[Tensor, Tensor]])
 
 def _mask(new: int, total: int, diagonal: int | None = None) -> Tensor:
     return torch.ones(new, total, dtype=torch.bool).tril(diagonal=total - new if diagonal is None else diagonal)
+
+
+_ALIGN_TO_LAST = ("the new queries are the last positions, total − new … total − 1: align the mask to the last key, "
+                  "so that query i sees keys 0 … total − new + i")
 
 
 def check_causal_mask_with_cache(causal_mask_with_cache: Callable[[int, int], Tensor]) -> None:
@@ -120,13 +125,13 @@ def check_causal_mask_with_cache(causal_mask_with_cache: Callable[[int, int], Te
         variants = [
             (_mask(new, total, 0), "the mask is aligned to the first key (torch.tril without an offset): query i sees "
              "keys 0 … i, as if the new tokens started the sequence",
-             f"the new queries sit at positions total-new … total-1: tril(diagonal=total - new)"),
+             _ALIGN_TO_LAST),
             (torch.ones(new, total, dtype=torch.bool), "no mask: every new query also sees the new tokens after it",
-             "in a prefill (new > 1) query i must not see keys after its own position: tril(diagonal=total - new)"),
+             "in a prefill (new > 1) query i must not see the keys after its own position, total − new + i"),
             (~expected, "the polarity is inverted: True where a query must not attend",
              "True means may attend (query i sees keys j <= total - new + i)"),
             (_mask(new, total, total - new - 1), "each new query is blocked from its own key",
-             "a token attends to itself: keep the diagonal, tril(diagonal=total - new)"),
+             "a token attends to itself: key total − new + i is allowed for query i"),
         ]
         diagnose(what, out.double(), expected.double(), [(w.double(), m, f) for w, m, f in variants],
                  "query i (at position total - new + i) may attend to keys 0 … total - new + i", rtol=0, atol=0)
@@ -148,7 +153,8 @@ def _attention_module(seed: int = 1) -> MultiHeadSelfAttention:
 
 
 def _attention_steps(attn: MultiHeadSelfAttention, x: Tensor, *, restart: bool = False, rotate_again: bool = False,
-                     mask: str = "right", rotate_values: bool = False, new_keys_only: bool = False) -> Tensor:
+                     mask: str = "right", rotate_values: bool = False, new_keys_only: bool = False,
+                     read_first: bool = False) -> Tensor:
     """The cached attention over _CHUNKS of x, from built-ins, right or with one classic mistake."""
     w = {name: p.detach() for name, p in attn.state_dict().items()}
     d_k = _D // _ATT_H
@@ -163,14 +169,17 @@ def _attention_steps(attn: MultiHeadSelfAttention, x: Tensor, *, restart: bool =
         q, k = attn.rope(q, positions), attn.rope(k, positions)  # the module's own tables: the same rounding
         if rotate_values:
             v = attn.rope(v, positions)
+        if read_first:  # the buffers read before the write: the new positions are still empty (zeros)
+            k_before, v_before = keys[:, :, :start + n].clone(), values[:, :, :start + n].clone()
         keys[:, :, start:start + n], values[:, :, start:start + n] = k, v
-        k_all, v_all = keys[:, :, :start + n], values[:, :, :start + n]
+        k_all, v_all = (k_before, v_before) if read_first else (keys[:, :, :start + n], values[:, :, :start + n])
         if rotate_again:
             k_all = attn.rope(k_all, torch.arange(start + n))
         if new_keys_only:
             k_all, v_all = k, v
         total = k_all.shape[-2]
-        m = {"right": _mask(n, total), "none": None, "top-left": _mask(n, total, 0)}[mask]
+        m = {"right": _mask(n, total), "none": None, "top-left": _mask(n, total, 0),
+             "top-left for several": _mask(n, total, 0) if n > 1 else None}[mask]
         attended = reference.attention(q, k_all, v_all, m)
         outs.append(torch.nn.functional.linear(reference.merge_heads(attended), w["output_proj.weight"]))
         start += n
@@ -185,7 +194,8 @@ def check_attention_step(attention_step: Callable[..., Tensor]) -> None:
     Runs a MultiHeadSelfAttention (d_model 12, 3 heads, RoPE) over 8 tokens as a prefill of 3, two single tokens
     and a chunk of 3, and compares each output with attn on the whole sequence. Mistakes it recognises: positions
     restarting at 0 at every call; the cached keys rotated again; no causal mask in a prefill; the mask aligned to
-    the first key; the values rotated; attention to the new keys only (the cache ignored); keys cached before RoPE.
+    the first key, always or only for a chunk of several tokens; the cache read before the new keys are written; the
+    values rotated; attention to the new keys only (the cache ignored); keys cached before RoPE.
     """
     with torch.random.fork_rng(devices=[]):
         attn = _attention_module()
@@ -207,23 +217,32 @@ def check_attention_step(attention_step: Callable[..., Tensor]) -> None:
         variants = [
             (lambda: _attention_steps(attn, x, restart=True), "the positions restart at 0 at every call: the new "
              "tokens are rotated as if they started the sequence", "rotate at the absolute positions "
-             "start … start + n - 1: range(start, start + n)"),
+             "start … start + n − 1: a token keeps its place in the text, whichever call it comes in"),
             (lambda: _attention_steps(attn, x, rotate_again=True), "the cached keys are rotated again: they were "
              "rotated when they were cached, and a second rotation moves them to twice their position",
              "rotate only the new keys, before writing them into the cache; use the cached ones as they are"),
             (lambda: _attention_steps(attn, x, mask="none"), "no causal mask: in a prefill, each new query also sees "
-             "the new tokens after it", "pass causal_mask_with_cache(n, start + n) to the attention"),
+             "the new tokens after it", "attend with the (n, start + n) causal mask of Step 2"),
             (lambda: _attention_steps(attn, x, mask="top-left"), "the causal mask is aligned to the first key: a new "
-             "query at position start + i sees only keys 0 … i", "use the (n, start + n) mask of Step 2, "
-             "tril(diagonal=start)"),
+             "query at position start + i sees only keys 0 … i", "the new queries are the last positions, start … start + "
+             "n − 1: align the mask to the last key, as Step 2 does, so that query i sees keys 0 … start + i"),
+            (lambda: _attention_steps(attn, x, mask="top-left for several"), "the causal mask is aligned to the first "
+             "key for a chunk after cached positions: right for the prefill at start 0 (and a single token needs "
+             "none), but a query at position start + i of a later chunk sees only keys 0 … i",
+             "use the (n, start + n) mask of Step 2 for every call with several new tokens: it is aligned to the last "
+             "key"),
+            (lambda: _attention_steps(attn, x, read_first=True), "the cache is read before the new keys and values "
+             "are written into it: the new queries attend to empty slots (zeros) where their own keys belong",
+             "write the new keys and values first, then attend to every position so far, the new ones included"),
             (lambda: _attention_steps(attn, x, rotate_values=True), "the values are rotated too",
              "RoPE rotates the queries and keys only; cache the values as v_proj makes them"),
             (lambda: _attention_steps(attn, x, new_keys_only=True), "the new queries attend to the new keys only: "
              "the cache is written but never read", "attend to the keys and values that append_to_cache returns, "
              "every position so far"),
         ]
-        diagnose(what, got, expected_all, variants, "project, split the heads, rotate q and k at start … start+n-1, "
-                 "append k and v, attend with the Step 2 mask, merge the heads, output_proj", rtol=1e-9, atol=1e-10)
+        diagnose(what, got, expected_all, variants, "compare each part with attention over the whole sequence: the "
+                 "heads, the rotation at the absolute positions, the cache written before it is read, the mask "
+                 "aligned to the last key, the output projection", rtol=1e-9, atol=1e-10)
         with torch.no_grad():
             expected_keys = attn.rope(reference.split_heads(x @ attn.k_proj.weight.T, _ATT_H),
                                       torch.arange(sum(_CHUNKS)))
@@ -233,7 +252,8 @@ def check_attention_step(attention_step: Callable[..., Tensor]) -> None:
                 fail("the cache holds the keys before RoPE, so every step must rotate the whole cache again",
                      "rotate the new keys first, then write them: a cached key is rotated once, at its own position")
             fail("the keys buffer does not hold each token's key, rotated at its position, after the steps",
-                 "write the rotated new keys with append_to_cache(keys, values, start, k, v)")
+                 "write the rotated new keys and their values into the buffers given, at positions start … "
+                 "start + n − 1 (Step 1)")
     passed("attention_step: new tokens rotated at start … start+n-1, rotated keys and values cached, each query "
            "sees every position up to its own; equal to attention over the whole sequence (prefill, single tokens, "
            "a chunk)")
@@ -263,7 +283,7 @@ def _caches(batch: int) -> tuple[list[Tensor], list[Tensor]]:
 
 
 def _lm_steps(model: TransformerLM, ids: Tensor, *, shared_cache: bool = False, no_ln_final: bool = False,
-              residual: bool = True) -> Tensor:
+              residual: str = "stream") -> Tensor:
     """The model's cached steps over _CHUNKS of ids, from built-ins, right or with one mistake."""
     sd = {name: p.detach() for name, p in model.state_dict().items()}
     keys, values = _caches(ids.shape[0])
@@ -283,7 +303,7 @@ def _lm_steps(model: TransformerLM, ids: Tensor, *, shared_cache: bool = False, 
             attended = reference.attention(q, keys[j][:, :, :start + n], values[j][:, :, :start + n],
                                            _mask(n, start + n))
             a = torch.nn.functional.linear(reference.merge_heads(attended), sd[p + "attn.output_proj.weight"])
-            x = x + a if residual else a
+            x = {"stream": x, "none": 0, "normed": h}[residual] + a
             x = x + reference.swiglu(reference.rms_norm(x, sd[p + "ln2.weight"]), sd[p + "ffn.w1.weight"],
                                      sd[p + "ffn.w2.weight"], sd[p + "ffn.w3.weight"])
         x = x if no_ln_final else reference.rms_norm(x, sd["ln_final.weight"])
@@ -305,8 +325,8 @@ def check_lm_step(lm_step: Callable[..., Tensor]) -> None:
 
     Runs a 2-block model over 8 tokens as a prefill of 3, two single tokens and a chunk of 3 and compares the logits
     with model(all 8 ids). Mistakes it recognises: every block using the first block's cache; the blocks run as they
-    are (layer(x): no cache, positions from 0); ln_final not applied; the attention branch's residual missing; the
-    logits of the last position only.
+    are (layer(x): no cache, positions from 0); ln_final not applied; the attention branch's residual missing, or
+    taken from the normed input (ln1(x) + attention); the logits of the last position only.
     """
     with torch.random.fork_rng(devices=[]):
         model = _model()
@@ -321,26 +341,32 @@ def check_lm_step(lm_step: Callable[..., Tensor]) -> None:
                 out = call(what, lm_step, model, ids[:, start:start + n], keys, values, start)
             if isinstance(out, Tensor) and tuple(out.shape) == (2, _V) and n > 1:
                 fail(f"{what} returned the logits of the last new token only, shape {tuple(out.shape)}",
-                     "return the logits of every new token, (batch, n, vocab_size): generate takes [:, -1] itself")
-            expect_tensor(what, out, (2, n, _V), "return lm_head(ln_final(x)) for the new tokens, (batch, n, vocab)")
+                     "return the logits of every new token, (batch, n, vocab_size): generate picks the last itself")
+            expect_tensor(what, out, (2, n, _V), "return the logits of the new tokens, (batch, n, vocab)")
             outs.append(out)
             start += n
         got = torch.cat(outs, dim=1)
         variants = [
             (lambda: _lm_steps(model, ids, shared_cache=True), "every block uses the first block's cache (keys[0], "
-             "values[0])", "give block i its own cache: zip(model.layers, keys, values)"),
+             "values[0])", "each block keeps the keys and values of its own layer: block i reads and writes the i-th "
+             "cache of each list"),
             (lambda: _blocks_uncached(model, ids), "the blocks run as they are (layer(x)): the new tokens see neither "
-             "the cache nor their positions", "run each block's parts yourself: x = x + attention_step(block.attn, "
-             "block.ln1(x), …), then x = x + block.ffn(block.ln2(x))"),
+             "the cache nor their positions", "a block's own forward knows nothing of the cache: run its parts "
+             "yourself, attention through attention_step with this block's cache and start, then the feed-forward "
+             "branch"),
             (lambda: _lm_steps(model, ids, no_ln_final=True), "ln_final is not applied before lm_head",
-             "finish with model.lm_head(model.ln_final(x))"),
-            (lambda: _lm_steps(model, ids, residual=False), "the attention branch's residual is missing (x = "
-             "attention_step(...) instead of x = x + attention_step(...))", "add the branch to the stream: "
-             "x = x + attention_step(block.attn, block.ln1(x), keys[i], values[i], start)"),
+             "pre-norm blocks leave the stream unnormalised: ln_final normalises it before lm_head reads it"),
+            (lambda: _lm_steps(model, ids, residual="none"), "the attention branch's residual is missing: the "
+             "branch's output replaces the stream", "a branch adds its output to the stream and leaves the rest of "
+             "it as it is"),
+            (lambda: _lm_steps(model, ids, residual="normed"), "the attention branch's residual is taken from the "
+             "normed input (ln1(x) + attention), not from the stream x, so the stream loses every token's scale",
+             "normalise only what attention reads, and add its output to the stream itself"),
         ]
         diagnose(f"lm_step over 8 tokens fed as chunks of {list(_CHUNKS)}", got, expected, variants,
-                 "embed the new ids; per block x = x + attention_step(attn, ln1(x), its cache, start), x = x + "
-                 "ffn(ln2(x)); then lm_head(ln_final(x))", rtol=1e-9, atol=1e-10)
+                 "compare each part with the model's forward: the embedding, each block's two branches (attention "
+                 "with this block's cache at the new positions, then the feed-forward network), ln_final and lm_head",
+                 rtol=1e-9, atol=1e-10)
     passed("lm_step: each block with its own cache, ln1 -> attention_step -> residual, ln2 -> ffn -> residual, "
            "ln_final, lm_head; equal to the model on the whole sequence (prefill, single tokens, a chunk)")
 
@@ -366,6 +392,9 @@ class _Step:
             raise ValueError(f"step expects the new ids as a batch of one, shape (1, n), got {describe(token_ids)}")
         new = token_ids[0].tolist()
         self.calls.append((new, int(start)))
+        if not new:
+            raise ValueError(f"step was given no new ids (at start={start}): the caches already count every id of "
+                             "the window")
         if not 0 <= start <= len(self.cached):
             raise ValueError(f"step was given start={start}, but the caches hold {len(self.cached)} positions: the "
                              "new tokens must continue right after them")
@@ -384,6 +413,12 @@ def _expected_greedy(prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt):]
 
 
+_STALE = ("after the window slides, the stale cache is kept: its keys were rotated at their old positions and computed "
+          "with the dropped token in view",
+          "once the text is longer than context_length, every cached position is stale: run the whole window again "
+          "at start 0")
+
+
 def check_greedy_with_cache(greedy_with_cache: Callable[..., Tensor]) -> None:
     """Check ``greedy_with_cache(step, prompt_ids, max_new_tokens, context_length)``: greedy decoding where
     ``step(new_ids (1, n), start)`` runs the model on the new ids at positions start … start+n-1 with its caches and
@@ -393,7 +428,8 @@ def check_greedy_with_cache(greedy_with_cache: Callable[..., Tensor]) -> None:
 
     Runs on a stand-in step (7 ids, context_length 5) that records its calls. Mistakes it recognises: positions
     restarting at 0 after the prompt; the whole text run at every step (the cache never used); no window (the
-    caches overflow); the stale cache kept after the window slides; the prompt returned too.
+    caches overflow); a window that stays at the start of the text; the stale cache kept after the window slides
+    (its start, or its count of cached ids); the prompt returned too.
     """
     with torch.random.fork_rng(devices=[]):
         for prompt, n in [([1, 2], 2), ([4, 0, 6], 6), ([3, 1, 2, 5, 6, 4, 0], 2)]:
@@ -411,6 +447,8 @@ def check_greedy_with_cache(greedy_with_cache: Callable[..., Tensor]) -> None:
                 if "the caches hold" in cause:
                     fail("greedy_with_cache gives a start past what the caches hold", "the new ids start right after "
                          "the cached positions: start = how many ids the caches hold", f"on {what}: {cause}")
+                if "no new ids" in cause:
+                    fail(*_STALE, f"on {what}: {cause}")
                 raise
             if not isinstance(out, Tensor) or out.ndim != 1:
                 fail(f"{what} returned {describe(out)}, not a 1-D tensor of ids", "return the new ids as one sequence")
@@ -422,10 +460,12 @@ def check_greedy_with_cache(greedy_with_cache: Callable[..., Tensor]) -> None:
                          f"{_GEN_CTX} ids at start 0 (the prefill)", "start with one call on the whole prompt "
                          "(at most its last context_length ids), start=0", f"on {what}")
                 if j > 0 and len(text) > _GEN_CTX and start != 0:
-                    fail("after the window slides, the stale cache is kept: its keys were rotated at their old "
-                         "positions and computed with the dropped token in view",
-                         "once the text is longer than context_length, run the whole window again at start 0",
-                         f"on {what}: call {j + 1} got {new} at start={start}")
+                    fail(*_STALE, f"on {what}: call {j + 1} got {new} at start={start}")
+                if j > 0 and len(text) > _GEN_CTX and new != text[-_GEN_CTX:]:
+                    fail("the window stays at the start of the text: past context_length, step is given "
+                         f"{new}, not the text's last {_GEN_CTX} ids {text[-_GEN_CTX:]}",
+                         "the window slides with the text: once it is longer than context_length, the model sees its "
+                         "newest context_length ids", f"on {what}: call {j + 1}")
                 if j > 0 and len(text) <= _GEN_CTX and start == 0 and len(new) == 1 and len(text) > 1:
                     fail("the positions restart at 0 after the prompt: each new token is run at position 0",
                          "run the newest id at start = how many ids the caches hold (len(text) - 1)",

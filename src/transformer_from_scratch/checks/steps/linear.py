@@ -8,7 +8,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .._harness import call, call_without_builtins, close, diagnose, expect_tensor, fail, generator, passed
+from .._harness import (call, call_without_builtins, close, diagnose, expect_tensor, fail, generator, passed,
+                        unfilled_is_nan)
 
 _NO_LINEAR = {F.linear: "F.linear", torch._C._nn.linear: "F.linear"}
 _TRUNCATED_STD = 0.98658  # the std of N(0, 1) truncated to [-3, 3], in units of the std before the cut
@@ -97,13 +98,13 @@ def _draw(init_weight: Callable[..., torch.Tensor], d_out: int, d_in: int, std: 
     """The learner's weight drawn with a generator seeded ``seed``, while torch's global generator is seeded
     ``global_seed`` (so a draw that ignores the generator changes with it); the global state is put back after."""
     what = f"init_weight({d_out}, {d_in}, std={std:g}, generator=...)"
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), unfilled_is_nan():
         torch.manual_seed(global_seed)
         out = call(what, init_weight, d_out, d_in, std, generator=generator(seed))
     if isinstance(out, torch.Tensor) and tuple(out.shape) == (d_in, d_out) and d_in != d_out:
         fail(f"{what} returned shape {(d_in, d_out)}, the transpose of the layer's weight",
-             "a weight that maps d_in -> d_out is stored (d_out, d_in): torch.empty(d_out, d_in)")
-    return expect_tensor(what, out, (d_out, d_in), "create it with torch.empty(d_out, d_in), then fill it in place")
+             "a weight that maps d_in -> d_out is stored (d_out, d_in): one row per output feature")
+    return expect_tensor(what, out, (d_out, d_in), "a weight of shape (d_out, d_in), filled in place")
 
 
 def check_init_weight(init_weight: Callable[..., torch.Tensor]) -> None:

@@ -32,7 +32,8 @@ def check_rms(rms: Callable[[torch.Tensor, float], torch.Tensor]) -> None:
     the reciprocal 1 / RMS returned (rsqrt); the square root missing.
     """
     gen = generator(0)
-    fix = "square x, take the mean over dim=-1 with keepdim=True, add eps, then take the square root"
+    fix = ("RMS is the root of the mean of the squares plus ε, the mean over each vector's features (one per vector, "
+           "shape (..., 1)): find the part of yours that differs")
     cases = [((4,), 6, _EPS, 2.0), ((2, 3), 5, _EPS, 1e-3), ((), 8, _EPS, 1.0), ((3,), 4, 0.1, 0.5)]
     for leading, d, eps, scale in cases:  # inputs of RMS 1e-3 (below √eps ≈ 3e-3) show where eps goes
         x = (torch.randn(*leading, d, generator=gen, dtype=torch.float64) + 0.7) * scale  # a mean ≠ 0: std ≠ RMS
@@ -43,7 +44,7 @@ def check_rms(rms: Callable[[torch.Tensor, float], torch.Tensor]) -> None:
         expected = _rms(x, eps)
         if leading and tuple(out.shape) == tuple(leading):
             fail(f"{what} returned shape {tuple(out.shape)}: the reduced dimension is dropped (no keepdim=True)",
-                 "keep it, so that the RMS has shape (..., 1) and broadcasts against x: mean(dim=-1, keepdim=True)")
+                 "keep it with size 1, so that the RMS has shape (..., 1) and broadcasts against x")
         centred = x - x.mean(dim=-1, keepdim=True)
         diagnose(what, out, expected, [
             (lambda: torch.sqrt(x.pow(2).mean(dim=0, keepdim=True) + eps),
@@ -95,7 +96,8 @@ def check_rms_norm(rms_norm: Callable[..., torch.Tensor]) -> None:
     eps used); PyTorch's own F.rms_norm used.
     """
     gen = generator(1)
-    fix = "divide x by your rms(x, eps) (shape (..., 1), it broadcasts), then multiply by gain"
+    fix = ("RMSNorm is x divided by its RMS, then scaled feature by feature by the gain: find the part of yours that "
+           "differs")
     cases = [((3, 4), 8, _EPS, 3.0), ((), 5, _EPS, 1.0), ((2,), 16, 0.1, 0.3)]
     for leading, d, eps, scale in cases:  # eps = 0.1 on inputs of RMS 0.3: the eps used shows
         x = torch.randn(*leading, d, generator=gen, dtype=torch.float64) * scale
@@ -156,8 +158,8 @@ def check_rms_norm_upcast(rms_norm_upcast: Callable[..., torch.Tensor]) -> None:
     out = _call_step3(rms_norm_upcast, x, gain, _EPS)
     if not out.isfinite().all() or (out == 0).all():
         fail("no upcast: computed in float16, the squares of activations above 256 overflow to inf and the output "
-             "becomes 0 (or NaN)", "compute in float32: run your rms_norm on x and gain cast to float32, then cast "
-             "the result back to x.dtype", f"float16 activations of about 300: {(out == 0).sum().item()} zeros, "
+             "becomes 0 (or NaN)", "compute in float32, where they fit, and round the result to x's dtype once, "
+             "at the end", f"float16 activations of about 300: {(out == 0).sum().item()} zeros, "
              f"{(~out.isfinite()).sum().item()} inf/NaN of {out.numel()}")
     for in_dtype in (torch.float16, torch.bfloat16):
         x = (torch.randn(16, d, generator=gen) * 3).to(in_dtype)
@@ -175,21 +177,20 @@ def check_rms_norm_upcast(rms_norm_upcast: Callable[..., torch.Tensor]) -> None:
             if ulps > 1.0:
                 fail(f"a {name} input is computed in {name}: its error is {ulps:.1f} units in the last place, where "
                      "one rounding at the end gives at most 0.5",
-                     "upcast every half type, not only float16: compute in torch.promote_types(x.dtype, torch.float32)",
+                     "upcast every half type, bfloat16 as well as float16, to float32 before computing",
                      f"rms_norm_upcast on a {name} x of shape {tuple(x.shape)}")
     x = torch.randn(5, 16, generator=gen, dtype=torch.float64) * 3
     for g in (gain[:16], gain[:16].double()):
         out = _call_step3(rms_norm_upcast, x, g, _EPS)
         if out.dtype != torch.float64:
             fail(f"a float64 input comes back as {str(out.dtype)[6:]}",
-                 "upcast only what is narrower than float32 (torch.promote_types(x.dtype, torch.float32)), and cast "
-                 "back to x.dtype")
+                 "upcast only what is narrower than float32, and cast the result back to x's dtype")
         expected = x / _rms(x, _EPS) * g.double()
         if not close(out, expected, rtol=1e-10, atol=1e-10):
             if close(out, expected, rtol=1e-5, atol=1e-5):
                 fail("a float64 input is computed in float32, so it keeps only float32's 7 digits",
-                     "upcast only what is narrower than float32: torch.promote_types(x.dtype, torch.float32) keeps "
-                     "float64", f"largest difference {(out - expected).abs().max().item():.3g}")
+                     "upcast only what is narrower than float32: float64 keeps its own precision",
+                     f"largest difference {(out - expected).abs().max().item():.3g}")
             diagnose("rms_norm_upcast on a float64 input", out, expected, [],
                      "compute your rms_norm on x and gain in the compute dtype, then cast back to x.dtype")
     x = torch.randn(3, 16, generator=gen) * 0.3  # eps = 0.1 on inputs of RMS 0.3: the eps used shows

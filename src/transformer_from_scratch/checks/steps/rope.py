@@ -195,7 +195,8 @@ def _written_back_with_cat(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 _HALF_SPLIT = ("it rotates half-split pairs (x[k], x[k + d/2]), Hugging Face's layout (see Pitfalls), instead of the "
                "interleaved pairs (x[2k], x[2k+1])")
-_HALF_SPLIT_FIX = "take the pairs' members from the even and the odd coordinates, x[..., 0::2] and x[..., 1::2]"
+_HALF_SPLIT_FIX = ("pair k is coordinates 2k and 2k + 1, neighbours: take the members from the even and the odd "
+                   "coordinates")
 _CAT = ("the rotated pairs are written back with torch.cat (all the first members, then all the second ones) "
         "instead of interleaved")
 _CAT_FIX = ("put pair k back at 2k and 2k + 1: stack the two rotated members on a new last dimension, then flatten "
@@ -254,7 +255,8 @@ def check_rotate_pairs(rotate_pairs: Callable[[Tensor, Tensor, Tensor], Tensor])
                  "caller's queries or keys (and autograd refuses to write into a tensor it still needs)")
         out = _expect_rotated(what, out, x)
         diagnose(what, out, _rotate(x, cos, sin), _rotation_variants(x, cos, sin, _ROTATE_FIX),
-                 "rotate pair k = (x[..., 2k], x[..., 2k+1]) as your Step 1 does, with cos[..., k] and sin[..., k]")
+                 "pair k, the neighbours 2k and 2k + 1, turns by its own angle k, as your Step 1 turns one pair: find "
+                 "the part of yours that differs")
     passed("rotate_pairs: interleaved pairs rotated counter-clockwise, each written back at 2k, 2k + 1, with and "
            "without leading dimensions, cos and sin broadcast")
 
@@ -311,8 +313,8 @@ def check_rotate_pairs_complex(rotate_pairs_complex: Callable[[Tensor, Tensor, T
         variants[1] = (variants[1][0], _CAT, "torch.view_as_real gives (..., d/2, 2), each pair in its place: "
                        "flatten the last two dimensions, no torch.cat")
         diagnose(what, out, _rotate(x, cos, sin), variants,
-                 "read pair k as x[..., 2k] + i·x[..., 2k+1] (torch.view_as_complex on (..., d/2, 2)), multiply by "
-                 "cos + i·sin, and lay the result out again")
+                 "a rotation by θ is a multiplication by cos θ + i·sin θ, with pair k read as the complex number "
+                 "x_2k + i·x_2k+1: find the part of yours that differs")
         if not spy.complex:
             fail(f"{what} is right but uses no complex number: this is Step 4 again",
                  "read each pair as one complex number (torch.view_as_complex) and multiply it by cos + i·sin "

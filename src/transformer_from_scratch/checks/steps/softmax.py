@@ -41,7 +41,7 @@ def _call(name: str, fn: Softmax, x: torch.Tensor, dim: int) -> Any:
         except TypeError as error:
             if "return_types.max" in str(error) or "return_types.min" in str(error):
                 fail("x.max(dim) returns a (values, indices) pair, not a tensor",
-                     "use x.amax(dim=dim, keepdim=True), or x.max(dim=dim, keepdim=True).values",
+                     "take the values (the maximum itself), kept with size 1 along dim so that it lines up with x",
                      f"{what}: PyTorch said: {str(error).splitlines()[0]}")
             raise
 
@@ -76,7 +76,7 @@ def _variants(name: str, x: torch.Tensor, dim: int, shift: bool) -> list[tuple[C
         (lambda: exps(False) / exps(False).sum(dim=dim, keepdim=True), _KEEPDIM, _KEEPDIM_FIX),
         (lambda: exps(False) / exps(False).sum(dim=dim), _KEEPDIM, _KEEPDIM_FIX),
         (lambda: exps() / exps().sum(), f"{name} sums over every element of x, not along dim",
-         "sum along dim only: .sum(dim=dim, keepdim=True)"),
+         "the normaliser of a slice is the sum along dim only, one per slice"),
         (exps, f"{name} never divides by the sum, so the exponentials are not probabilities yet",
          "divide them by their sum along dim"),
     ]
@@ -94,7 +94,7 @@ def check_naive_softmax(naive_softmax: Softmax) -> None:
     for x, dim in _moderate_cases(gen):
         what = _what("naive_softmax", x, dim)
         out = expect_tensor(what, _call("naive_softmax", naive_softmax, x, dim), x.shape,
-                            "one probability per score: divide the exponentials by their sum kept with keepdim=True",
+                            "one probability per score: the output has x's shape",
                             dtype=x.dtype)
         diagnose(what, out, torch.softmax(x, dim=dim), _variants("naive_softmax", x, dim, shift=False),
                  "exponentiate every score, then divide by the sum of the exponentials along dim")
@@ -133,12 +133,13 @@ def check_stable_softmax(stable_softmax: Softmax) -> None:
         diagnose(what, out, torch.softmax(x, dim=dim), [
             (lambda: torch.exp(x) / torch.exp(x).sum(dim=dim, keepdim=True),
              "stable_softmax does not subtract the max, so exp overflows to inf at large scores (inf / inf = NaN)",
-             "subtract m, the max along dim with keepdim=True, before exp: softmax(x - m) = softmax(x)"),
+             "softmax(x − m) = softmax(x) for any m: shift by the max along dim, so that every exponent is ≤ 0"),
             (shifted_by_all, "stable_softmax subtracts the max of the whole tensor (x.max()), not the max along dim, "
-             "so a slice far below the top underflows to 0 / 0 = NaN", "subtract each slice's own max: "
-             "x.amax(dim=dim, keepdim=True)"),
+             "so a slice far below the top underflows to 0 / 0 = NaN", "each slice is shifted by its own max, so "
+             "that its largest exponent is exactly 0"),
             *_variants("stable_softmax", x, dim, shift=True),
-        ], "subtract the max along dim (keepdim=True), exponentiate, divide by the sum along dim (keepdim=True)")
+        ], "softmax(x) = exp(x − m) / Σ exp(x − m) along dim, m the max along dim: find the part of yours that "
+           "differs")
     passed("stable_softmax: equals torch.softmax for 1-3-D inputs, scores of ±1000 and slices 2000 apart, exactly 0 "
            "at -inf, NaN for an all -inf slice; x left unchanged")
 

@@ -131,8 +131,8 @@ def check_swiglu_draft(swiglu_draft: Callable[[Tensor, Tensor, Tensor, Tensor], 
     or W2); a shape crash; F.silu used (the step uses your silu_draft).
     """
     gen = generator(2)
-    fix = "hidden = silu(W1 x) ⊙ W3 x (both (..., d_ff)), then W2 maps it back to d_model; apply each weight as " \
-          "x @ W.T, like Linear"
+    fix = "SwiGLU is W2 (silu(W1 x) ⊙ W3 x), each weight applied to the rows of x as Linear applies its own: find " \
+          "the part of yours that differs"
     crash = "a product fails on the shapes: apply each weight to the rows of x as x @ W.T (W @ x suits one column " \
             "vector, not rows), check which weight each path uses, and apply W2 last, to the (..., d_ff) product"
     for d_model, d_ff, leading in [(4, 4, (5,)), (8, 12, (2, 5)), (6, 4, ()), (6, 10, (2, 3))]:

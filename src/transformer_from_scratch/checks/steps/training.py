@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from .._harness import call, call_without_builtins, close, describe, diagnose, expect_tensor, fail, generator, passed
-from ..training import (ADAMW_MISTAKES, CLIPPING_BUILTINS, CROSS_ENTROPY_BUILTIN_FIX, CROSS_ENTROPY_BUILTINS,
-                        adamw_forms, adamw_step, clip_expected, cross_entropy_variants, diagnose_schedule,
-                        name_clipping_mistake)
+from ..training import (ADAMW_MISTAKES, ADAMW_UNNAMED_FIX, CLIPPING_BUILTINS, CLIPPING_MISTAKES,
+                        CROSS_ENTROPY_BUILTIN_FIX, CROSS_ENTROPY_BUILTINS, adamw_forms, adamw_step, clip_expected,
+                        cross_entropy_variants, diagnose_schedule, first_divergence, float32_rounded,
+                        name_adamw_mistake, name_clipping_mistake, name_start_past_the_end)
 
 
 def check_log_sum_exp(log_sum_exp: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -99,9 +100,9 @@ def check_adamw_update(adamw_update: Callable[..., Any]) -> None:
     Three steps in a row (the m and v it returns fed back), with a large weight decay so that its form shows, then
     tiny gradients with a large ε. The decay may come before or after the Adam step, and ε may be added to √v or to
     √v̂ (PyTorch's form): all are accepted. Mistakes it recognises: weight decay coupled into the gradient (Adam +
-    L2); no bias correction; bias correction with t counted from 0; ε inside the square root; the decay applied with
-    α_t instead of α; weight_decay ignored; β1 and β2 swapped; no square root of v; v averaging g instead of g²;
-    m or v not updated (returned as they came).
+    L2); no bias correction, or none for v; bias correction with t counted from 0; ε inside the square root; the
+    decay applied with α_t instead of α; weight_decay ignored; β1 and β2 swapped; no square root of v; v averaging g
+    instead of g²; m or v not updated (returned as they came).
     """
     gen = generator(2)
     theta = torch.randn(3, 4, generator=gen, dtype=torch.float64)
@@ -150,27 +151,24 @@ def _update_run(adamw_update: Callable[..., Any], theta: torch.Tensor, grads: li
         return trajectory(lambda th, g, m, v, t: adamw_step(th, g, m, v, t, **hp, mistake=mistake, **form), False)
 
     mine = trajectory(adamw_update, True)
-    if any(same(mine, reference(**form)) for form in adamw_forms()):
+    forms = [reference(**form) for form in adamw_forms()]
+    if any(same(mine, right) for right in forms):
         return
-    right = reference()
-    beta1, beta2 = hp["betas"]
     if close(mine[0][1], torch.zeros_like(theta)) or close(mine[0][2], torch.zeros_like(theta)):
         fail(f"{label}: m or v comes back unchanged (zeros after the first step)",
-             "return the updated moments: m ← β1·m + (1 − β1)·g, v ← β2·v + (1 − β2)·g², and feed them to the next "
-             "step")
-    for mistake, (text, fix) in ADAMW_MISTAKES.items():
-        if any(same(mine, reference(mistake, **form)) for form in adamw_forms()):
-            fail(text, fix, f"{label}: yours follows that mistake for 3 steps")
-    if any(not torch.isfinite(t).all() for t in mine[0]):
-        fail(*ADAMW_MISTAKES["t_from_0"], f"{label}: theta is NaN or inf after step t=1")
-    for k, ((th, m, v), (th_r, m_r, v_r)) in enumerate(zip(mine, right), start=1):
+             "return the updated moments, so that the next step starts from them")
+    name_adamw_mistake(lambda mistake: any(same(mine, reference(mistake, **form)) for form in adamw_forms()),
+                       list(mine[0]), f"{label}, 3 steps")
+    for k, ((_, m, v), (_, m_r, v_r)) in enumerate(zip(mine, forms[0]), start=1):
         if not close(m, m_r, rtol=1e-9, atol=1e-13):
-            fail(f"{label}: m after step t={k} is not β1·m + (1 − β1)·g", f"m ← {beta1}·m + {1 - beta1:.2g}·g")
+            fail(f"{label}: m after step t={k} is not the moving average of g",
+                 "each step keeps the fraction β1 of the old m and adds (1 − β1) of the new gradient")
         if not close(v, v_r, rtol=1e-9, atol=1e-13):
-            fail(f"{label}: v after step t={k} is not β2·v + (1 − β2)·g²", f"v ← {beta2}·v + {1 - beta2:.2g}·g·g")
-        if not close(th, th_r, rtol=1e-9, atol=1e-13):
-            fail(f"{label}: theta after step t={k} differs from AdamW's by up to {(th - th_r).abs().max():.3g}",
-                 "α_t = α·√(1 − β2^t)/(1 − β1^t); θ ← θ − α_t·m/(√v + ε); θ ← θ − α·λ·θ")
+            fail(f"{label}: v after step t={k} is not the moving average of g²",
+                 "each step keeps the fraction β2 of the old v and adds (1 − β2) of the squared gradient")
+    step, worst = first_divergence([[th] for th, _, _ in mine], [[[th] for th, _, _ in right] for right in forms],
+                                   rtol=1e-9, atol=1e-13)
+    fail(f"{label}: theta after step t={step} differs from AdamW's by up to {worst:.3g}", ADAMW_UNNAMED_FIX)
 
 
 def check_warmup_cosine(warmup_cosine: Callable[..., float]) -> None:
@@ -192,9 +190,9 @@ def check_clip_grads(clip_grads: Callable[[list[torch.Tensor], float], Any]) -> 
 
     Checked on three tensors whose global norm is above the maximum, below it, and tiny (where the 1e-6 shows).
     Mistakes it recognises: each tensor clipped by its own norm (per-parameter norms); the norm as the sum of the
-    tensors' norms, or without its square root; the 1e-6 missing; scaling when the norm is below the maximum (small
-    gradients scaled up); the tensors not changed in place; the norm returned wrong; torch.nn.utils.clip_grad_norm_
-    used.
+    tensors' norms, or without its square root; the norm accumulated in float32 for float64 tensors; the 1e-6
+    missing; scaling when the norm is below the maximum (small gradients scaled up); the tensors not changed in place;
+    the norm returned wrong; torch.nn.utils.clip_grad_norm_ used.
     """
     gen = generator(3)
     base = [torch.randn(3, 4, generator=gen, dtype=torch.float64), torch.randn(5, generator=gen, dtype=torch.float64),
@@ -222,6 +220,8 @@ def check_clip_grads(clip_grads: Callable[[list[torch.Tensor], float], Any]) -> 
         except (TypeError, ValueError):
             fail(f"{what} returned {describe(out)}, not the global norm", "return the norm before clipping (a number "
                  "or a 0-d tensor): the training loop logs it")
+        if float32_rounded(returned, norm):
+            fail(*CLIPPING_MISTAKES["float32_norm"], f"{what} returned {returned:.10g}, where float64 gives {norm:.10g}")
         if not math.isclose(returned, norm, rel_tol=1e-9):
             fail(f"{what} returned {returned:.6g}, not the global norm before clipping, {norm:.6g}",
                  "return the norm you computed, before the tensors were scaled")
@@ -258,7 +258,7 @@ def check_sample_windows(sample_windows: Callable[..., Any]) -> None:
     other, _ = _windows(sample_windows, tokens, 6, 5, generator(1), what)
     if not torch.equal(x, again) or torch.equal(x, other):
         fail(f"{what}: the starts do not come from the generator given (the same seed gives other windows, or "
-             "another seed the same)", "draw the starts with torch.randint(..., generator=generator)")
+             "another seed the same)", "draw the starts from the generator given, so that its seed decides them")
     n, context, rows = 12, 4, 4000
     what = f"sample_windows(12 tokens, batch_size={rows}, context_length={context}, generator)"
     x, _ = _windows(sample_windows, np.arange(n, dtype=np.uint8) * 2, rows, context, generator(2), what)
@@ -288,11 +288,7 @@ def _windows(sample_windows: Callable[..., Any], tokens: np.ndarray, batch_size:
         try:
             out = call(what, sample_windows, tokens, batch_size, context_length, gen)
         except AssertionError as error:
-            if isinstance(error.__cause__, IndexError):
-                raise AssertionError(
-                    f"{what} crashes with IndexError: it draws a start past the last valid one, len(tokens) − "
-                    f"context_length − 1 = {len(tokens) - context_length - 1}, so the targets run off the end: draw "
-                    "the starts below len(tokens) − context_length.") from error.__cause__
+            name_start_past_the_end(error, what, "tokens", len(tokens), context_length)
             raise
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         fail(f"{what} returned {describe(out)}, not a pair (inputs, targets)", "return both: inputs, targets")

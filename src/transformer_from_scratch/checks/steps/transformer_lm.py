@@ -455,7 +455,7 @@ def _filter_variants(name: str, probs: Tensor, keep: Tensor) -> list[tuple[Any, 
     if probs.ndim > 1:
         variants.append((_keep(probs, keep) / _keep(probs, keep).sum(),
                          "the kept probabilities are renormalised over the whole batch, not each row",
-                         "sum along the last dimension with keepdim=True"))
+                         "renormalise each row by its own sum, over the last dimension"))
     variants.append((right.sort(-1, descending=True).values, f"{name} returns the probabilities sorted, not in the "
                      "vocabulary's order", "mask the tokens in their own places; sort only to find which to keep"))
     return variants
