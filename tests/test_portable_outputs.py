@@ -1,0 +1,36 @@
+"""The stored outputs do not depend on the machine: the notebooks that train (09 onwards: the depth experiment, the
+language model, the training runs, decoding from trained weights, and every later one) pass nbval at one thread and
+at four, and with MKL's processor-independent kernels (MKL_CBWR=COMPATIBLE, the code path of an older CPU).
+
+`make test` runs every notebook at the machine's defaults; a learner's laptop has another core count and another
+processor, and a float32 sum in another order changes the last bits, which training amplifies (CONTRIBUTING.md,
+*Rules for stored outputs*). Each run is a fresh pytest process, since the thread count and MKL's kernels are fixed
+when torch loads."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TRAINING_NOTEBOOKS = [path for path in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")) if int(path.name[:2]) >= 9]
+MACHINES = {
+    "one thread": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+    "four threads, MKL's compatible kernels": {"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4", "MKL_CBWR": "COMPATIBLE"},
+}
+
+
+def test_the_training_notebooks_are_found():
+    assert [path.name[:2] for path in TRAINING_NOTEBOOKS][:4] == ["09", "10", "11", "12"]
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+def test_the_notebooks_that_train_print_the_same_on_another_machine(machine):
+    env = {**os.environ, **MACHINES[machine]}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
+         "--nbval-sanitize-with", str(REPO / "tests" / "nbval_sanitize.cfg"), *map(str, TRAINING_NOTEBOOKS)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, f"nbval with {MACHINES[machine]}:\n{done.stdout[-6000:]}"
