@@ -17,6 +17,8 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 # JupyterLab refuses to run as root without --allow-root (containers, CI); a laptop user is not root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_ARGS  ?=
+# The folder JupyterLab serves, the checkout (the browser test serves a copy of a few notebooks: LAB_ROOT=<folder>).
+LAB_ROOT  ?= .
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 .PHONY: help setup lab workshop student test test-unit test-notebooks export check-export notebooks images bench train sample clean
@@ -34,7 +36,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP) ## Create .venv and install the package with every dependency
 
 lab: $(STAMP) ## Read the course: JupyterLab on the guided notebook 01 (pass extra flags with LAB_ARGS="...")
-	$(BIN)/jupyter lab $(ROOT_FLAG) --config=src/transformer_from_scratch/nbtools/jupyter_lab_config.py --ServerApp.root_dir=. $(LAB_ARGS)
+	$(BIN)/jupyter lab $(ROOT_FLAG) --config=src/transformer_from_scratch/nbtools/jupyter_lab_config.py --ServerApp.root_dir=$(LAB_ROOT) $(LAB_ARGS)
 
 student: $(STAMP) ## Write the exercise edition to notebooks/student/ (never overwrites your edits; NB=... for one)
 	$(BIN)/python -m transformer_from_scratch.nbtools.student $(if $(NB),$(NB),)
@@ -42,7 +44,7 @@ student: $(STAMP) ## Write the exercise edition to notebooks/student/ (never ove
 WORKSHOP_URL := /lab/tree/notebooks/student/01_linear.ipynb
 workshop: $(STAMP) ## Write it yourself: the exercise edition (made if missing, your edits kept), opened in JupyterLab
 	$(BIN)/python -m transformer_from_scratch.nbtools.student
-	$(BIN)/jupyter lab $(ROOT_FLAG) --config=src/transformer_from_scratch/nbtools/jupyter_lab_config.py --ServerApp.root_dir=. \
+	$(BIN)/jupyter lab $(ROOT_FLAG) --config=src/transformer_from_scratch/nbtools/jupyter_lab_config.py --ServerApp.root_dir=$(LAB_ROOT) \
 		--ServerApp.default_url=$(WORKSHOP_URL) --LabApp.default_url=$(WORKSHOP_URL) $(LAB_ARGS)
 
 test: $(STAMP) $(if $(shell command -v npm),$(NPM_INSTALLED),) ## Unit tests (the browser test too, given npm and Chromium), then every notebook with nbval

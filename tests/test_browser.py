@@ -9,6 +9,10 @@ Python through ``executable_path``: no browser is downloaded) opens them from a 
   wrapped code keeps its indentation.
 * The site's page for 05 and its landing page: maths, images, no error, no foreign request, every link resolves,
   and a heading reached by its anchor is not hidden under the sticky navigation bar.
+* JupyterLab as `make lab` starts it (on a copy of notebooks 01, 02, 05 and the student edition's 01, its workspaces
+  folder holding an earlier session): the printed URL opens notebook 01 alone, and every notebook opened is unchanged
+  once its kernel is idle (no unsaved-changes dot), with exactly one kernel each and none for the earlier session's
+  notebook; the note that says which edition this is (guided or student) is on notebook 01's first screen.
 
 Skipped, saying why, where Playwright or Chromium is missing (``.ci/run`` installs Chromium; ``make setup``
 installs Playwright), or where ``npm ci`` has not installed reveal.js and MathJax (``make slides`` and ``make site``
@@ -18,15 +22,19 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import os
+import re
 import shutil
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from transformer_from_scratch.nbtools import site, slides, web
+import test_lab
+from transformer_from_scratch.nbtools import site, slides, student, web
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="Playwright for Python is not installed (make setup)")
 
@@ -320,3 +328,115 @@ def test_landing_page_links_resolve(watched, served):
             assert response.status == 200, href
     assert any(h.endswith(".slides.html") for h in local), "the landing page links the decks"
     assert watched.errors == [] and watched.foreign() == []
+
+
+# --- JupyterLab, as `make lab` starts it -------------------------------------------------------------------------
+
+GUIDED_01, STUDENT_01 = "notebooks/01_linear.ipynb", "notebooks/student/01_linear.ipynb"
+LAB_NOTEBOOKS = [GUIDED_01, "notebooks/02_embedding.ipynb", "notebooks/05_attention.ipynb", STUDENT_01]
+EARLIER = "notebooks/05_attention.ipynb"  # open in an earlier session: `make lab` must not bring it back
+BANNERS = {GUIDED_01: "Guided edition: every solution is on this page.",
+           STUDENT_01: "Student edition: you write this notebook."}
+SETTLE_S = 1.0  # JupyterLab writes the kernel's language_info just after the kernel starts: watch a little longer
+
+# Every notebook tab of the main area: its path (from the tab's tooltip), whether it shows the unsaved-changes dot
+# (JupyterLab's jp-mod-dirty), whether it is the current one, and its kernel's state in the notebook's toolbar.
+TABS = r"""Array.from(document.querySelectorAll('#jp-main-dock-panel .lm-TabBar-tab')).map(tab => {
+  const path = ((tab.title || '').split('\n').find(line => line.startsWith('Path: ')) || '').slice(6);
+  const panel = document.getElementById(tab.dataset.id);
+  const indicator = panel && panel.querySelector('.jp-Notebook-ExecutionIndicator');
+  return {path, dirty: tab.classList.contains('jp-mod-dirty'), current: tab.classList.contains('jp-mod-current'),
+          kernel: indicator ? indicator.dataset.status : null,
+          notebook: !!(panel && panel.classList.contains('jp-NotebookPanel'))};
+}).filter(tab => tab.notebook)"""
+# Where the current notebook's Markdown cell holding `text` is drawn, and the notebook's visible area.
+BANNER_BOX = r"""(text) => {
+  const panel = Array.from(document.querySelectorAll('.jp-NotebookPanel')).find(p => p.checkVisibility());
+  const cell = panel && Array.from(panel.querySelectorAll('.jp-MarkdownCell')).find(c => c.innerText.includes(text));
+  if (!cell) return null;
+  const box = cell.querySelector('.jp-RenderedMarkdown').getBoundingClientRect();
+  const scroller = panel.querySelector('.jp-WindowedPanel-outer') || panel.querySelector('.jp-Notebook');
+  const area = scroller.getBoundingClientRect();
+  return {top: box.top, bottom: box.bottom, areaTop: area.top, areaBottom: Math.min(area.bottom, innerHeight),
+          scrolled: scroller.scrollTop};
+}"""
+
+
+@pytest.fixture(scope="module")
+def lab_page(tmp_path_factory, browser):
+    """`make lab` serving a copy of notebooks 01, 02, 05 and the student edition's 01 (never the checkout's own
+    files: nothing a test does can be saved into them), its workspaces folder holding an earlier session with 05
+    open; and a 1280 × 720 page of Chromium. Yields the lab and the page."""
+    root = tmp_path_factory.mktemp("course")
+    (root / "notebooks" / "student").mkdir(parents=True)
+    for path in LAB_NOTEBOOKS[:-1]:
+        shutil.copyfile(REPO / path, root / path)
+    shutil.copytree(REPO / "images", root / "images")
+    (root / STUDENT_01).write_text(student.student_notebook(REPO / GUIDED_01), encoding="utf-8")
+    workspaces = tmp_path_factory.mktemp("workspaces")
+    test_lab.earlier_session(workspaces, EARLIER)
+    log = tmp_path_factory.mktemp("log") / "make_lab.log"
+    with test_lab._started("lab", log, root=root, env={"JUPYTERLAB_WORKSPACES_DIR": str(workspaces)}) as lab:
+        context = browser.new_context(viewport={"width": 1280, "height": 720})
+        try:
+            yield lab, context.new_page()
+        finally:
+            context.close()
+
+
+def _sessions(lab) -> list[str]:
+    status, body = test_lab._request(f"{lab.base}/api/sessions")
+    assert status == 200
+    return sorted(session["path"] for session in json.loads(body))
+
+
+def _open(lab, page, path: str, url: str | None = None) -> list[dict]:
+    """Open ``path`` in the lab (by ``url``, else its /lab/tree URL), wait until its kernel is idle and a little
+    longer; return the notebook tabs, asserting that none became dirty meanwhile."""
+    page.goto(url or f"{lab.base}/lab/tree/{path}?token={test_lab.TOKEN}")
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while True:
+        tabs = page.evaluate(TABS)
+        mine = [tab for tab in tabs if tab["path"] == path]
+        status, body = test_lab._request(f"{lab.base}/api/sessions")
+        idle = status == 200 and any(s["path"] == path and s["kernel"]["execution_state"] == "idle"
+                                     for s in json.loads(body))
+        if mine and mine[0]["current"] and mine[0]["kernel"] == "idle" and idle:
+            break
+        assert time.monotonic() < deadline, f"{path} did not open with an idle kernel: {tabs}"
+        page.wait_for_timeout(250)
+    settled = time.monotonic() + SETTLE_S
+    while time.monotonic() < settled:
+        tabs = page.evaluate(TABS)
+        assert [tab["path"] for tab in tabs if tab["dirty"]] == [], \
+            f"opening {path} marked notebooks as changed (the unsaved-changes dot on the tab)"
+        page.wait_for_timeout(250)
+    return tabs
+
+
+def test_make_lab_opens_every_notebook_unchanged_with_one_kernel_each(lab_page):
+    """Notebook 01 from the URL `make lab` prints, then 02, 05 and the student edition's 01, in one browser tab."""
+    lab, page = lab_page
+    printed = re.search(rf"http://127\.0\.0\.1:{lab.port}/\S+", lab.log.read_text(errors="replace"))
+    assert printed and printed.group().endswith(f"/lab/tree/{GUIDED_01}?token=..."), "make lab prints notebook 01's URL"
+    url = printed.group().replace("token=...", f"token={test_lab.TOKEN}")  # the server hides a token it was given
+    opened, notes = [], {}
+    for path in LAB_NOTEBOOKS:
+        tabs = _open(lab, page, path, url if path == GUIDED_01 else None)
+        opened.append(path)
+        paths = [tab["path"] for tab in tabs]
+        if path == GUIDED_01:
+            assert paths == [GUIDED_01], f"the first page of make lab shows notebook 01 alone, not {paths}"
+        assert len(paths) == len(set(paths)) and set(paths) <= set(opened), f"tabs nobody opened: {paths}"
+        assert _sessions(lab) == sorted(paths), "exactly one kernel for each open notebook"
+        kernels = json.loads(test_lab._request(f"{lab.base}/api/kernels")[1])
+        assert len(kernels) == len(paths), f"{len(kernels)} kernels run for {len(paths)} open notebooks"
+        if EARLIER not in opened:
+            assert EARLIER not in paths, "the earlier session's notebook came back"
+        if path in BANNERS:
+            notes[path] = page.evaluate(BANNER_BOX, BANNERS[path])
+    # The note that says which edition this is, where the learner sees it without scrolling.
+    for path, box in notes.items():
+        assert box is not None, f"{path} has no note saying {BANNERS[path]!r}"
+        assert box["scrolled"] == 0 and box["areaTop"] <= box["top"] and box["bottom"] <= box["areaBottom"], \
+            f"{path}: the note is not on the first screen at 1280 × 720 without scrolling: {box}"

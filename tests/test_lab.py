@@ -1,6 +1,8 @@
 """`make lab`, started headless once for this module: it prints a URL that opens notebook 01, serves the
-notebook and its images, and a save from the lab writes exactly the clean file the repo holds. `make workshop`
-opens the student edition's notebook 01 the same way."""
+notebook and its images, brings back no earlier session's workspace, serves each notebook with the Python version
+its kernel will report (so opening it changes nothing), and a save from the lab writes exactly the clean file the
+repo holds. `make workshop` opens the student edition's notebook 01 the same way. (``test_browser.py`` opens the
+notebooks in Chromium: no unsaved-changes dot, one kernel per notebook, the editions' notes on the first screen.)"""
 
 import hashlib
 import json
@@ -16,13 +18,16 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+import nbformat
 import pytest
+from jupyterlab_server.workspaces_handler import WorkspacesManager
 
 import test_project
+from transformer_from_scratch.nbtools.tidy import clean, dumps, opened
 
 try:
     import fcntl
@@ -34,6 +39,25 @@ NOTEBOOK = "notebooks/01_linear.ipynb"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 TOKEN = secrets.token_hex(16)
 START_TIMEOUT = 120  # seconds; a loaded CI machine is slow to import JupyterLab
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def kernel_language_info() -> dict:
+    """The ``language_info`` the python3 kernel of `make lab` (ipykernel, on this interpreter) reports, which
+    JupyterLab writes into every notebook it opens as soon as the kernel starts."""
+    from ipykernel.ipkernel import IPythonKernel
+    return json.loads(json.dumps(IPythonKernel.language_info))
+
+
+def earlier_session(workspaces: Path, notebook: str) -> None:
+    """Write into ``workspaces`` what JupyterLab keeps of an earlier session that had ``notebook`` open (its default
+    workspace: the tab and the layout), which a lab that restored it would open again, starting a kernel for it."""
+    key = f"notebook:{notebook}"
+    workspace = {"data": {"layout-restorer:data": {"main": {"dock": {"type": "tab-area", "currentIndex": 0,
+                                                                     "widgets": [key]}, "current": key}},
+                          key: {"data": {"path": notebook, "factory": "Notebook"}}},
+                 "metadata": {"id": "default"}}
+    WorkspacesManager(str(workspaces)).save("default", json.dumps(workspace))
 
 
 @dataclass
@@ -85,14 +109,19 @@ def _exclusive(timeout: float = 600):
 
 
 @contextmanager
-def _started(target: str, log: Path):
-    """`make <target>` running headless on a free port, until the block ends."""
+def _started(target: str, log: Path, root: Path | None = None, env: dict[str, str] | None = None):
+    """`make <target>` running headless on a free port, until the block ends.
+
+    With ``root``, JupyterLab serves that folder instead of the checkout (``LAB_ROOT``), and needs no lock: nothing
+    it saves can land in the checkout. ``env`` is added to the environment."""
     port = _free_port()
     args = f"--no-browser --port={port} --ServerApp.port_retries=0 --IdentityProvider.token={TOKEN}"
-    with _exclusive():
+    command = ["make", "--no-print-directory", target, f"LAB_ARGS={args}"] + ([f"LAB_ROOT={root}"] if root else [])
+    with _exclusive() if root is None else nullcontext():
         with log.open("wb") as out:  # a file, not a pipe: nobody has to drain it while the tests run
-            process = subprocess.Popen(["make", "--no-print-directory", target, f"LAB_ARGS={args}"], cwd=REPO,
-                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(command, cwd=REPO,
+                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                       env={**os.environ, **(env or {})})
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + START_TIMEOUT
@@ -110,9 +139,17 @@ def _started(target: str, log: Path):
                 process.wait(timeout=30)
 
 
+EARLIER_NOTEBOOK = "notebooks/02_embedding.ipynb"  # open in the earlier session the lab must not restore
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    with _started("lab", tmp_path_factory.mktemp("lab") / "make_lab.log") as started:
+    """`make lab`, where JupyterLab's workspaces folder (``JUPYTERLAB_WORKSPACES_DIR``, else ~/.jupyter/lab/workspaces)
+    holds an earlier session with notebook 02 open."""
+    folder = tmp_path_factory.mktemp("lab")
+    earlier_session(folder / "workspaces", EARLIER_NOTEBOOK)
+    earlier = {"JUPYTERLAB_WORKSPACES_DIR": str(folder / "workspaces")}
+    with _started("lab", folder / "make_lab.log", env=earlier) as started:
         yield started
 
 
@@ -157,7 +194,8 @@ def _open_in_jupyterlab(lab: Lab) -> dict:
     status, body = _request(f"{lab.base}/api/contents/{NOTEBOOK}")
     assert status == 200
     notebook = json.loads(body)["content"]
-    notebook["metadata"]["language_info"]["version"] = "3.11.7"  # the kernel's, filled in on opening
+    # Served with the kernel's language_info, so the kernel's start (which writes it) changes nothing.
+    assert notebook["metadata"]["language_info"] == kernel_language_info()
     views = [output["data"][WIDGET_VIEW] for cell in notebook["cells"] for output in cell.get("outputs", [])
              if WIDGET_VIEW in output.get("data", {})]
     assert views, f"{NOTEBOOK} no longer shows a widget: this test would not exercise widget ids"
@@ -192,6 +230,44 @@ def test_make_lab_serves_notebook_01(lab):
     assert disabled and b'"@jupyter/nbgrader"' in disabled.group(), "nbgrader's lab extension is enabled"
     assert b'"@jupyterlab/apputils-extension:announcements"' in disabled.group(), "the news pop-up is on"
     assert _request(f"{lab.base}/formgrader")[0] == 404
+
+
+def test_make_lab_restores_no_earlier_session(lab):
+    """Each `make lab` starts with an empty workspace: an earlier session's tabs (and their kernels) stay closed."""
+    status, body = _request(f"{lab.base}/lab/api/workspaces")
+    assert status == 200
+    assert EARLIER_NOTEBOOK not in body.decode(), "JupyterLab would restore the earlier session's notebook"
+    status, body = _request(f"{lab.base}/lab/api/workspaces/default")
+    assert status == 200 and EARLIER_NOTEBOOK not in body.decode()
+    assert _request(f"{lab.base}/api/sessions")[1] == b"[]", "a kernel runs before any notebook was opened"
+
+
+def test_make_lab_serves_every_notebook_as_its_kernel_will_see_it(lab):
+    """The stored files leave out the Python version; the lab serves it (the kernel's), the download is the file."""
+    for notebook in (NOTEBOOK, "notebooks/12_kv_cache.ipynb"):
+        status, body = _request(f"{lab.base}/api/contents/{notebook}")
+        assert status == 200
+        assert json.loads(body)["content"]["metadata"]["language_info"] == kernel_language_info(), notebook
+        assert _request(f"{lab.base}/files/{notebook}")[1] == (REPO / notebook).read_bytes()
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_opening_then_saving_a_notebook_changes_no_byte(notebook):
+    """`tidy.opened` (what the lab serves) and `tidy.clean` (what a save keeps) undo each other on every notebook."""
+    text = notebook.read_text(encoding="utf-8")
+    served = opened(nbformat.reads(text, as_version=nbformat.NO_CONVERT))
+    assert served["metadata"]["language_info"] == kernel_language_info()
+    assert dumps(clean(served)) == text
+
+
+def test_opened_leaves_other_kernels_and_languages_alone():
+    notebook = {"metadata": {"language_info": {"name": "julia"}}}
+    assert opened(notebook) == {"metadata": {"language_info": {"name": "julia"}}}
+    assert opened({"metadata": {}}) == {"metadata": {}}
+    kept = {"metadata": {"language_info": {"name": "python", "version": "3.12.1"}}}
+    assert opened(kept)["metadata"]["language_info"]["version"] == "3.12.1"
+    unknown = {"metadata": {"language_info": {"name": "python"}}}
+    assert opened(unknown, kernel_version=None) == {"metadata": {"language_info": {"name": "python"}}}
 
 
 def test_saving_notebook_01_from_the_lab_writes_the_file_the_repo_holds(lab):

@@ -1030,6 +1030,20 @@ def _set(piece: Piece, slide_type: str) -> nbformat.NotebookNode:
     return piece.cell
 
 
+def _join_title(nb) -> None:
+    """Make the title slide of every Markdown cell above the first ``##`` (the guided-only note left out): the title
+    and its promise, then the diagram and the objectives, which a notebook may keep in a cell of its own so that the
+    editions' notes sit above the diagram. The first cell takes their text; the others are left empty, in place, so
+    that cell indices stay the notebook's."""
+    first = next((i for i, cell in enumerate(nb.cells) if cell.cell_type != "markdown"
+                  or re.search(r"^## ", cell.source, re.MULTILINE)), len(nb.cells))
+    joined = [cell for cell in nb.cells[1:first] if "guided-only" not in cell.metadata.get("tags", [])]
+    if nb.cells and joined:
+        nb.cells[0].source = "\n\n".join([nb.cells[0].source.rstrip()] + [cell.source.strip() for cell in joined])
+        for cell in joined:
+            cell.source = ""
+
+
 class DeriveSlides(Preprocessor):
     """Set every cell's ``slideshow.slide_type`` from the notebook's structure (on a copy of it)."""
 
@@ -1037,6 +1051,7 @@ class DeriveSlides(Preprocessor):
 
     def preprocess(self, nb, resources):
         nb = copy.deepcopy(nb)
+        _join_title(nb)
         notebook_dir = Path(resources.get("metadata", {}).get("path") or REPO / "notebooks")
         functions = web.definitions(nb)
         lecture: list[Piece] = []

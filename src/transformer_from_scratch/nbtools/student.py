@@ -56,13 +56,12 @@ GUIDED_ONLY = "guided-only"
 # What my_transformer re-exports besides the components: the switch for the run-time shape checks.
 TOOLING_EXPORTS = {"shapes": ["set_shape_checks", "shape_checks", "shape_checks_enabled"]}
 
-STUDENT_NOTE = """> **Student edition: you write this notebook.** Every `# YOUR CODE HERE` is yours: replace the
-> `raise NotImplementedError(...)` under it. First the steps of *Build it step by step*, each followed by a cell that
-> checks it and says what is wrong; then the final class, which assembles your steps and is checked by its
-> `check_…` cell; then the exercises. The hints under each task open one at a time. The export cell writes your
-> class into your own package, `my_transformer/` (next to this notebook), which the later notebooks import.
-> Stuck on the class? `export_notebook("{name}", reference=True)` continues with the course's version. The guided
-> notebook, with every solution, is [`../{name}`](../{name})."""
+STUDENT_NOTE = """> **Student edition: you write this notebook.** Replace each `raise NotImplementedError(...)` under a
+> `# YOUR CODE HERE`: the steps of *Build it step by step* (a cell after each checks it and says what is wrong),
+> then the final class, which assembles them, then the exercises; the hints open one at a time. The export cell
+> writes your class into `my_transformer/` (next to this notebook), which the later notebooks import. Stuck on the
+> class? `export_notebook("{name}", reference=True)` continues with the course's version. Every solution:
+> [`../{name}`](../{name})."""
 
 REFERENCE_LINE = (
     '# Stuck? Continue with the course\'s reference instead of yours (here and in the later notebooks):\n'

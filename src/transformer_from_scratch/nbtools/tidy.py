@@ -6,6 +6,12 @@ One function, `clean`, decides what a stored notebook must not hold; two callers
 * `pre_save_hook`, which `make lab` installs in Jupyter's server (``jupyter_lab_config.py`` beside this
   module), so that saving from JupyterLab (by hand or autosave) writes the same bytes as the repo holds.
 
+Its inverse for opening, `opened`, gives back what the kernel would write at once: `ContentsManager`, the contents
+manager `make lab` installs, serves every notebook with ``metadata.language_info.version`` set to the version
+of Python the notebook's kernel runs. JupyterLab copies the kernel's ``language_info`` into the notebook as soon
+as the kernel starts, and any difference marks the notebook changed: without the version, every notebook would
+open with the unsaved-changes dot on its tab, and closing it would ask to save a notebook nobody changed.
+
 What `clean` removes is what a session adds without anyone changing the notebook:
 
 * ``metadata.language_info.version``, the Python version of whoever ran the kernel last;
@@ -22,11 +28,13 @@ change is saved. Files are written exactly as Jupyter's server writes them (``nb
 keys, one-space indent, UTF-8 kept, a final newline), so `tidy` and a save from JupyterLab agree byte for byte.
 """
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import nbformat
+from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -83,6 +91,52 @@ def pre_save_hook(model: dict[str, Any], path: str = "", contents_manager: Any =
     """
     if model.get("type") == "notebook" and isinstance(model.get("content"), dict):
         clean(model["content"])
+
+
+# What ipykernel reports as ``language_info.version`` (``sys.version.split()[0]``) for a kernel on this interpreter.
+PYTHON_VERSION = sys.version.split()[0]
+# Kernel commands that Jupyter runs with the server's own interpreter (jupyter_client replaces these by sys.executable).
+SAME_PYTHON = {"python", f"python{sys.version_info[0]}", f"python{sys.version_info[0]}.{sys.version_info[1]}"}
+
+
+def opened(notebook: dict[str, Any], kernel_version: str | None = PYTHON_VERSION) -> dict[str, Any]:
+    """Give ``notebook`` (changed in place) back the ``language_info.version`` that `clean` removed: ``kernel_version``,
+    the version of Python its kernel reports, so that the kernel's ``language_info`` equals the stored one.
+
+    Nothing happens without a version or where the notebook holds another language or a version already."""
+    info = notebook.get("metadata", {}).get("language_info")
+    if kernel_version and isinstance(info, dict) and info.get("name") == "python" and "version" not in info:
+        info["version"] = kernel_version
+    return notebook
+
+
+class ContentsManager(AsyncLargeFileManager):
+    """Jupyter server's default contents manager, which serves every notebook as `opened` makes it.
+
+    The version is this interpreter's when the notebook's kernel runs on it (the usual ``python3`` kernel of
+    ``make lab``: jupyter_client starts ``python`` as the server's own interpreter); for any other kernel it is left
+    out, as stored. Saving goes through `pre_save_hook`, which takes it out again, so no file ever holds it.
+    Only notebooks change: ``/files/`` (a download) and every other file are served byte for byte.
+    """
+
+    def kernel_version(self, notebook: dict[str, Any]) -> str | None:
+        """The version of Python the kernel of ``notebook`` runs, when it is this interpreter; else None."""
+        name = notebook.get("metadata", {}).get("kernelspec", {}).get("name")
+        specs = getattr(self.parent, "kernel_spec_manager", None)
+        if not name or specs is None:
+            return None
+        try:
+            command = specs.get_kernel_spec(name).argv[0]
+        except Exception:  # noqa: BLE001 (no such kernel: JupyterLab will ask which one, and write its own)
+            return None
+        same = command in SAME_PYTHON or os.path.realpath(command) == os.path.realpath(sys.executable)
+        return PYTHON_VERSION if same else None
+
+    async def get(self, path, content=True, type=None, format=None, **kwargs):  # noqa: A002 (the base class's names)
+        model = await super().get(path, content=content, type=type, format=format, **kwargs)
+        if model.get("type") == "notebook" and isinstance(model.get("content"), dict):
+            opened(model["content"], self.kernel_version(model["content"]))
+        return model
 
 
 if __name__ == "__main__":
