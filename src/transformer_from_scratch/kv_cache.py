@@ -1,6 +1,6 @@
 # Generated from notebooks/12_kv_cache.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 77c792c5cce2402eacbf2bf60cf76c09443203afc0729788bbd54b81d8364664
+# body-sha256: df0613f5fe44a50b10ae8a921f7b8dc132a2943d24709a8c565b2f57347a3639
 
 import torch
 import torch.nn.functional as F
@@ -19,8 +19,9 @@ def _check_append(keys: Tensor, length: int, k: Tensor, v: Tensor) -> None:
     if k.shape != v.shape or k.ndim != 4 or (k.shape[0], k.shape[1], k.shape[3]) != (batch, heads, d_k):
         raise ValueError(f"KVCache.append expects k and v of shape (batch, heads, new, d_k) = ({batch}, {heads}, "
                          f"new, {d_k}), got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if length + k.shape[2] > max_len:
-        raise ValueError(f"KVCache: {k.shape[2]} new positions do not fit after the {length} cached ones "
+    new = k.shape[2]
+    if length + new > max_len:
+        raise ValueError(f"KVCache: {new} new positions do not fit after the {length} cached ones "
                          f"(max_len={max_len}): past the context, the window slides and the cache starts again")
 
 
