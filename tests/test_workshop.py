@@ -9,6 +9,7 @@ the project's Python, as JupyterLab would.
 """
 
 import difflib
+import functools
 import io
 import json
 import re
@@ -56,6 +57,12 @@ def _code_line(line: str) -> str:
     return " ".join(line.split())
 
 
+@functools.cache
+def _student(notebook: Path) -> dict:
+    """The student edition of `notebook` (built once per test session: both leak tests read it)."""
+    return json.loads(student_notebook(notebook))
+
+
 def solution_lines(notebook: Path) -> list[str]:
     """The code lines in the solution regions of the final class (the notebook's `#| export` cells)."""
     lines = []
@@ -85,7 +92,7 @@ def visible_lines(student: dict) -> list[str]:
 def shown_elsewhere(notebook: Path) -> tuple[list[str], list[str]]:
     """(the final class's solution lines, those of them that the student edition shows outside its stubs)."""
     solution = solution_lines(notebook)
-    visible = visible_lines(json.loads(student_notebook(notebook)))
+    visible = visible_lines(_student(notebook))
     shown = [line for line in solution
              if any(difflib.SequenceMatcher(None, line, other).ratio() >= SIMILAR for other in visible)]
     return solution, shown
@@ -98,6 +105,142 @@ def test_the_final_class_is_not_shown_outside_its_stubs(notebook):
     assert len(shown) <= MAX_SHOWN * len(solution), (
         f"{len(shown)} of {len(solution)} solution lines of the final class stand elsewhere in the student "
         f"edition (at most {MAX_SHOWN:.0%}): " + " | ".join(shown))
+
+
+# The steps' measure (hints lead, demos don't leak): no solution line of a step or of the final class may be readable
+# before the learner writes it. "Before" is every cell above the solution region (Markdown with its hints, inline
+# code, code outside the stubs, docstrings of given code, and the guided edition's stored outputs, which the site shows
+# under every cell that holds no solution), the given part of the region's own cell, and what follows it up to its
+# check: the final class's hints, and the check cell with the message it prints. A line shown after that (a demo on
+# the learner's own function) is fine, and so is the maths ($…$) of the Markdown: the principle, not the code line.
+# "Nearly verbatim" is measured on tokens: an assignment target, `return`, `self.`, commas, colons and the quote style
+# are dropped (`weights = softmax(scores, dim=-1)` and `softmax(scores, dim=-1)` are the same line), and a solution line
+# is shown when at least LEAK_COVER of its tokens reappear, in order and in runs, within a stretch of one visible line
+# not much longer than itself.
+LEAK_COVER = 0.8
+MIN_TOKENS = 8  # shorter lines say too little: `return x * gain`, `x = x.float()`, `rotated.flatten(-2)`
+# Lines that are not the answer: imports, signatures, decorators, `pass`/`else:`, a counting loop's header (`for _ in
+# range(num_layers))`), and a call whose arguments are the names it is given (`q, k = rotate_heads(rope, q, k,
+# token_positions)`): using an earlier step is what the task says.
+TRIVIAL = re.compile(r"^(import |from \S+ import |def |class |@|pass$|continue$|break$|else:|try:|finally:|[rbuf]*\"\"\"|"
+                     r"\'\'\'|for \w+ in range\([\w.]+\)[)\]:]*$)")
+BARE_CALL = re.compile(r"^[\w.]+\(\s*((\w+=)?[\w.]+(\s*,\s*(\w+=)?[\w.]+)*\s*,?)?\s*\)$")
+TARGET = re.compile(r"^(?:return\b|yield\b|[\w.]+\s*:\s*[\w.\[\], |]+=(?!=)|[\w.,\s\[\]]+[-+*/@]?=(?!=))\s*")
+TOKEN = re.compile(r"\.\.\.|->|\*\*|//|[<>=!]=|\w+|\"[^\"]*\"|\S")
+# Notebooks whose leaks are being fixed by someone else now (hints and demos of 10; 11 and 12 pass): xfail until
+# those fixes land. Empty it when they do.
+BEING_REWRITTEN = {"10_transformer_lm.ipynb"}
+# A check's pass message is printed under its check cell, which the site shows before the learner writes anything:
+# these state the step's (or the class's) body, and are to be reworded in transformer_from_scratch.checks, then the
+# notebooks re-executed. Empty it when they are.
+PASS_MESSAGE_STATES_THE_STEP = {
+    "01_linear.ipynb": "checks/steps/linear.py: recipe_std's message prints sqrt(2 / (d_in + d_out))",
+    "04_rmsnorm.ipynb": "checks/steps/rmsnorm.py: rms_norm's message prints x / rms(x, eps) * gain",
+    "09_transformer_block.ipynb": "checks/steps/transformer_block.py (pre_norm_residual, post_norm_residual) and "
+                                  "checks/transformer_block.py (_RIGHT) print the bodies",
+}
+
+
+def _tokens(line: str) -> tuple[str, ...]:
+    """The line as tokens, without its assignment target or `return`, `self.`, commas, colons, quote style."""
+    line = re.sub(r"\bself\.", "", TARGET.sub("", line.strip())).replace("'", '"')
+    return tuple(token for token in TOKEN.findall(line) if token not in ",:\\")
+
+
+def _covers(solution: tuple[str, ...], visible: tuple[str, ...]) -> bool:
+    """Whether `visible` holds the solution line nearly verbatim (see LEAK_COVER)."""
+    if len(visible) < LEAK_COVER * len(solution):
+        return False
+    blocks = [b for b in difflib.SequenceMatcher(None, solution, visible, autojunk=False).get_matching_blocks()
+              if b.size >= 2 or (b.size == 1 and solution[b.a].isidentifier() and len(solution[b.a]) > 2)]
+    if not blocks:
+        return False
+    span = blocks[-1].b + blocks[-1].size - blocks[0].b
+    return sum(b.size for b in blocks) >= LEAK_COVER * len(solution) and span <= 1.5 * len(solution) + 2
+
+
+def _readable(cell: dict, guided: dict | None) -> list[tuple[str, ...]]:
+    """What a cell of the student edition shows, as token lines: its code (docstrings included) or its Markdown outside
+    the maths (and inline code spans on their own), and the guided edition's stored output unless the cell holds a
+    solution."""
+    lines = []
+    if cell["cell_type"] == "code":
+        lines += [_code_line(line) for line in _source(cell).splitlines()]
+        if guided is not None and "### BEGIN SOLUTION" not in _source(guided):
+            for output in guided.get("outputs", []):
+                lines += "".join(output.get("text", "") or output.get("data", {}).get("text/plain", "")).splitlines()
+    else:  # the maths ($…$, $$…$$) states the principle, which the learner may read; its code may not stand there
+        prose = re.sub(r"\$[^$\n]+\$", " ", re.sub(r"\$\$.*?\$\$", " ", _source(cell), flags=re.DOTALL))
+        for line in prose.splitlines():
+            lines += [line, *re.findall(r"`([^`]+)`", line)]
+    return [_tokens(line) for line in lines if line.strip()]
+
+
+def step_solutions(notebook: Path) -> list[tuple[str, list[str], list[tuple[str, ...]]]]:
+    """(where, solution lines, what the learner can read before writing them) for every solution region of a step
+    (Build it step by step) and of the final class (its `#| export` cells). Exercises are left out: their answers
+    run the notebook's own demo code again, and their self-checks come after them."""
+    student = _student(notebook)["cells"]
+    guided = {cell["id"]: cell for cell in _cells(notebook)}
+    readable = [_readable(cell, guided.get(cell["id"])) for cell in student]
+    found, heading, section = [], "", ""
+    for i, cell in enumerate(student):
+        source = _source(cell)
+        if cell["cell_type"] == "markdown":
+            section = ([section] + re.findall(r"^## (.+)$", source, re.MULTILINE))[-1]
+            heading = ([heading] + re.findall(r"^#{2,3} (.+)$", source, re.MULTILINE))[-1]
+            continue
+        original = _source(guided.get(cell["id"], {"source": ""}))
+        if "### BEGIN SOLUTION" not in original or section.startswith("Exercises"):
+            continue
+        end = i + 1  # the final class's other cells and its hints, then the check cell, are read before too
+        while end < len(student) and (student[end]["cell_type"] == "markdown"
+                                      or _source(student[end]).startswith("#| export")):
+            end += 1
+        before = [line for shown in readable[:end + 1] for line in shown]
+        for match in REGION.finditer(original):
+            name = (["a cell"] + re.findall(r"^\s*def (\w+)", original[:match.start()], re.MULTILINE))[-1]
+            lines = [line for line in map(_code_line, match.group(2).splitlines())
+                     if line and not TRIVIAL.match(line) and not BARE_CALL.match(TARGET.sub("", line))
+                     and len(_tokens(line)) >= MIN_TOKENS]
+            found.append((f"{heading}, {name} (cell {i} of the student edition)", lines, before))
+    return found
+
+
+def _leak_params():
+    for notebook in NOTEBOOKS:
+        marks = []
+        if notebook.name in BEING_REWRITTEN:
+            marks.append(pytest.mark.xfail(strict=False, reason="being rewritten"))
+        elif notebook.name in PASS_MESSAGE_STATES_THE_STEP:
+            marks.append(pytest.mark.xfail(strict=False, reason=PASS_MESSAGE_STATES_THE_STEP[notebook.name]))
+        yield pytest.param(notebook, id=notebook.name, marks=marks)
+
+
+@pytest.mark.parametrize("solution, visible, shown", [
+    ("weights = softmax(scores, dim=-1)", "softmax(scores, dim=-1)", True),
+    ("y = x + self.attn(self.ln1(x), token_positions)", "    y   = x + attn(ln1(x))", True),
+    ("return x / rms(x, eps) * gain", "✓ rms_norm: x / rms(x, eps) * gain, with and without leading dimensions", True),
+    ("x_even, x_odd = x[..., 0::2], x[..., 1::2]", "the even coordinates, `x[..., 0::2]`, and the odd, `x[..., 1::2]`", True),
+    ("return x / rms(x, eps) * gain", "print(f'rms((3, 4), eps=0) = {rms(torch.tensor([3.0, 4.0]), 0.0).item():.4f}')", False),
+    ("positions = torch.arange(max_seq_len, dtype=torch.float64)", "x = torch.randn(6, D, dtype=torch.float64)", False),
+    ("no_key = ~mask.any(dim=-1, keepdim=True)", "print('keys each query may attend to:', mask.sum(-1).tolist())", False),
+])
+def test_the_leak_measure(solution, visible, shown):
+    """Near-verbatim is caught whatever the assignment target, `self.` or spacing; shared vocabulary is not."""
+    assert _covers(_tokens(_code_line(solution)), _tokens(visible)) is shown
+
+
+@pytest.mark.parametrize("notebook", _leak_params())
+def test_no_step_is_shown_before_the_learner_writes_it(notebook):
+    """Hints lead, demos don't leak: no solution line of a step or of the final class stands, nearly verbatim, in
+    anything the learner reads before writing it (above it, or in the hints and the check below it)."""
+    regions = step_solutions(notebook)
+    assert len(regions) >= MIN_STEPS + 1, "no steps found"
+    shown = [f"{where}: {line!r} is shown as {' '.join(visible)!r}"
+             for where, lines, before in regions for line in lines
+             for visible in [next((v for v in before if _covers(_tokens(line), v)), None)] if visible]
+    assert not shown, f"{notebook.name}: solution lines readable before they are written:\n" + "\n".join(shown)
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)

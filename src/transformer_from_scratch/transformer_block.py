@@ -1,6 +1,6 @@
 # Generated from notebooks/09_transformer_block.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: f5646fa2752f83a5f348bb78465389441d92cf041dcacd81c42dc16c6e09bd88
+# body-sha256: bec08c6d13e750a4f4a114e3b4b5a7f80d9a77e543db3ebf6cbe653a7a9ffd5e
 
 from jaxtyping import Float, Int
 from torch import Tensor, nn
@@ -23,10 +23,8 @@ def _check_input(block: "TransformerBlock", x: Tensor) -> None:
 
 class TransformerBlock(nn.Module):
     """A pre-norm Transformer block: causal multi-head self-attention, then a SwiGLU feed-forward network,
-    each reading a normalised copy of the residual stream and adding its result back to it.
-
-        y   = x + attn(ln1(x))
-        out = y + ffn(ln2(y))
+    each reading a normalised copy of the residual stream and adding its result back to it (pre-norm: attention
+    reads ln1 of the stream, the feed-forward network ln2 of the stream that attention left).
 
     Submodules, named as the course's checkpoints name them (the state dict holds `ln1.weight`,
     `attn.{q,k,v,output}_proj.weight`, `ln2.weight`, `ffn.{w1,w2,w3}.weight` and nothing else):
