@@ -33,7 +33,8 @@ _PROJECTIONS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.output_proj")
 _EXPECTED = {"ln1.weight": (_D,), **{f"{name}.weight": (_D, _D) for name in _PROJECTIONS}, "ln2.weight": (_D,),
              "ffn.w1.weight": (_DFF, _D), "ffn.w2.weight": (_D, _DFF), "ffn.w3.weight": (_DFF, _D)}
 # The maths of the pre-norm block, as the notebook writes it (not the code: the learner writes that)
-_RIGHT = "y = x + attn(ln1(x)), then out = y + ffn(ln2(y))"
+_RIGHT = ("pre-norm: attention reads ln1 of the stream and adds its output to it, then the feed-forward network reads "
+          "ln2 of that new stream and adds its output to it")
 _EPS = 1e-5
 
 
@@ -382,7 +383,7 @@ def check_transformer_block(impl: Callable[..., Any]) -> None:
         _check_gradients(impl, gen)
         _check_fused(impl, gen)
     fused = "fused" in inspect.signature(impl.__init__).parameters
-    passed("check_transformer_block: ln1/attn/ln2/ffn with the course's state-dict names; pre-norm, y = x + attn(ln1(x)), "
-           "out = y + ffn(ln2(y)), matches F.rms_norm + F.linear + F.silu + F.scaled_dot_product_attention"
+    passed("check_transformer_block: ln1/attn/ln2/ffn with the course's state-dict names; pre-norm wiring; "
+           "matches F.rms_norm + F.linear + F.silu + F.scaled_dot_product_attention"
            "(is_causal=True) with known weights (3 leading shapes, float32/64, token positions); gradients"
            + ("; fused=True" if fused else ""))

@@ -90,7 +90,7 @@ def check_recipe_std(recipe_std: Callable[[int, int], float]) -> None:
             if not math.isclose(wrong, right, rel_tol=1e-6) and math.isclose(value, wrong, rel_tol=1e-6):
                 fail(mistake, fix, f"{what} returned {value:.6g}")
         fail(f"{what} returned {value:.6g}, which is not the recipe's σ", "σ = sqrt(2 / (d_in + d_out))")
-    passed("recipe_std: σ = sqrt(2 / (d_in + d_out)) for square and non-square layers")
+    passed("recipe_std: the recipe's σ, from d_in and d_out, for square and non-square layers")
 
 
 def _draw(init_weight: Callable[..., torch.Tensor], d_out: int, d_in: int, std: float, seed: int,

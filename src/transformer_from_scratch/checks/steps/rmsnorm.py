@@ -122,7 +122,7 @@ def check_rms_norm(rms_norm: Callable[..., torch.Tensor]) -> None:
                       f"the eps argument is not passed on (a fixed eps = {other:g} is used)",
                       "pass eps on to your rms: rms(x, eps)") for other in (1e-5, 1e-6, 1e-8, 0.0) if other != eps]
         diagnose(what, out, expected, variants, f"{fix} (and check that your rms passes its check)")
-    passed("rms_norm: x / rms(x, eps) * gain, with and without leading dimensions, the eps given")
+    passed("rms_norm: each vector divided by its RMS, times the gain, with and without leading dimensions, the eps given")
 
 
 def _ulps(out: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> float:

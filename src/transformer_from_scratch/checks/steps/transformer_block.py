@@ -137,7 +137,7 @@ def check_pre_norm_residual(pre_norm_residual: Callable[..., Tensor]) -> None:
          "norm(x), so every token loses its scale", "add the sub-layer's output to x as it came in, not to norm(x)"),
         (lambda: x + f(x), "the norm is left out: the sub-layer reads x itself", "the sub-layer reads norm(x)"),
     ], fix)
-    passed("pre_norm_residual: x + sublayer(norm(x)), the stream left as it is, x not changed")
+    passed("pre_norm_residual: the sub-layer reads a normalised copy, the stream gets its output added as it is, x not changed")
 
 
 def check_post_norm_residual(post_norm_residual: Callable[..., Tensor]) -> None:
@@ -161,7 +161,7 @@ def check_post_norm_residual(post_norm_residual: Callable[..., Tensor]) -> None:
         (lambda: norm(x + f(norm(x))), "the sub-layer reads norm(x): in post-norm it reads x as it is", fix),
         (lambda: x + norm(f(x)), "the norm is applied to the sub-layer's output only, not to the sum", fix),
     ], fix)
-    passed("post_norm_residual: norm(x + sublayer(x)), x not changed")
+    passed("post_norm_residual: the norm applied to the residual sum, x not changed")
 
 
 # ---------------------------------------------------------------------------------------------------------
