@@ -127,18 +127,6 @@ TRIVIAL = re.compile(r"^(import |from \S+ import |def |class |@|pass$|continue$|
 BARE_CALL = re.compile(r"^[\w.]+\(\s*((\w+=)?[\w.]+(\s*,\s*(\w+=)?[\w.]+)*\s*,?)?\s*\)$")
 TARGET = re.compile(r"^(?:return\b|yield\b|[\w.]+\s*:\s*[\w.\[\], |]+=(?!=)|[\w.,\s\[\]]+[-+*/@]?=(?!=))\s*")
 TOKEN = re.compile(r"\.\.\.|->|\*\*|//|[<>=!]=|\w+|\"[^\"]*\"|\S")
-# Notebooks whose leaks are being fixed by someone else now (hints and demos of 10; 11 and 12 pass): xfail until
-# those fixes land. Empty it when they do.
-BEING_REWRITTEN = {"10_transformer_lm.ipynb"}
-# A check's pass message is printed under its check cell, which the site shows before the learner writes anything:
-# these state the step's (or the class's) body, and are to be reworded in transformer_from_scratch.checks, then the
-# notebooks re-executed. Empty it when they are.
-PASS_MESSAGE_STATES_THE_STEP = {
-    "01_linear.ipynb": "checks/steps/linear.py: recipe_std's message prints sqrt(2 / (d_in + d_out))",
-    "04_rmsnorm.ipynb": "checks/steps/rmsnorm.py: rms_norm's message prints x / rms(x, eps) * gain",
-    "09_transformer_block.ipynb": "checks/steps/transformer_block.py (pre_norm_residual, post_norm_residual) and "
-                                  "checks/transformer_block.py (_RIGHT) print the bodies",
-}
 
 
 def _tokens(line: str) -> tuple[str, ...]:
@@ -207,16 +195,6 @@ def step_solutions(notebook: Path) -> list[tuple[str, list[str], list[tuple[str,
     return found
 
 
-def _leak_params():
-    for notebook in NOTEBOOKS:
-        marks = []
-        if notebook.name in BEING_REWRITTEN:
-            marks.append(pytest.mark.xfail(strict=False, reason="being rewritten"))
-        elif notebook.name in PASS_MESSAGE_STATES_THE_STEP:
-            marks.append(pytest.mark.xfail(strict=False, reason=PASS_MESSAGE_STATES_THE_STEP[notebook.name]))
-        yield pytest.param(notebook, id=notebook.name, marks=marks)
-
-
 @pytest.mark.parametrize("solution, visible, shown", [
     ("weights = softmax(scores, dim=-1)", "softmax(scores, dim=-1)", True),
     ("y = x + self.attn(self.ln1(x), token_positions)", "    y   = x + attn(ln1(x))", True),
@@ -231,7 +209,7 @@ def test_the_leak_measure(solution, visible, shown):
     assert _covers(_tokens(_code_line(solution)), _tokens(visible)) is shown
 
 
-@pytest.mark.parametrize("notebook", _leak_params())
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.name)
 def test_no_step_is_shown_before_the_learner_writes_it(notebook):
     """Hints lead, demos don't leak: no solution line of a step or of the final class stands, nearly verbatim, in
     anything the learner reads before writing it (above it, or in the hints and the check below it)."""
