@@ -16,10 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from transformer_from_scratch import train as tr
+from transformer_from_scratch._project import repo_root
 from transformer_from_scratch.reference import ReferenceLM
 from transformer_from_scratch.training import AdamW, save_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = repo_root()
 CORPUS = REPO / "notebooks" / "data" / "shakespeare"
 TINY = ["--d-model", "16", "--num-layers", "1", "--num-heads", "2", "--context-length", "16", "--batch-size", "4",
         "--warmup-steps", "2", "--eval-every", "4", "--eval-batches", "2", "--log-every", "1", "--sample-tokens", "20",
@@ -57,8 +58,22 @@ def weights(out: Path) -> dict[str, torch.Tensor]:
     return torch.load(out / "checkpoint.pt", weights_only=True)["model"]
 
 
-def test_the_package_config_file_is_the_dataclass_defaults():
-    assert tr.read_config_file(tr.DEFAULT_CONFIG) == dataclasses.asdict(tr.TrainConfig())
+def test_the_defaults_are_written_once_in_TrainConfig(monkeypatch):
+    """make train without arguments trains TrainConfig() itself, and the package's config files only change settings:
+    each key a setting, no value its default."""
+    runs = []
+    monkeypatch.setattr(tr, "train", lambda config, **options: runs.append((config, options["requested"])))
+    tr.main([])
+    assert runs == [(tr.TrainConfig(), {})]
+    defaults = dataclasses.asdict(tr.TrainConfig())
+    files = sorted(tr.CONFIGS.glob("*.json"))
+    assert files, f"no example config in {tr.CONFIGS}"
+    for path in files:
+        settings = tr.read_config_file(path)  # SystemExit for a key that is not a setting
+        repeated = {name: value for name, value in settings.items() if value == defaults[name]}
+        assert not repeated, f"{path.name} repeats TrainConfig's defaults {repeated}"
+        tr.main(["--config", str(path)])
+        assert runs[-1] == (tr.TrainConfig(**settings), settings)
 
 
 def test_a_run_writes_metrics_a_curve_samples_and_a_checkpoint(corpus, tmp_path):
@@ -173,6 +188,38 @@ def test_a_foreign_checkpoint_stops_resume_naming_what_does_not_fit(corpus, tmp_
     with pytest.raises(SystemExit, match=r"--resume: load_checkpoint: .* other shapes "
                                          r"\[.lm_head.weight \(3, 3\) \(the model's: \(256, 16\)\)"):
         tr.main(args(corpus, out, "--resume"))
+
+
+def test_resume_and_sample_read_the_checkpoint_once(corpus, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    tr.main(args(corpus, out, "--max-steps", "4", "--stop-at", "2"))
+    loads, real_load = [], torch.load
+
+    def counting_load(source, *rest, **options):
+        loads.append(source)
+        return real_load(source, *rest, **options)
+
+    monkeypatch.setattr(torch, "load", counting_load)
+    assert tr.main(args(corpus, out, "--resume"))["step"] == 4
+    assert loads == [out / "checkpoint.pt"]
+    loads.clear()
+    tr.main(["sample", "--checkpoint", str(out / "checkpoint.pt"), "--max-new-tokens", "5", "--device", "cpu"])
+    assert loads == [out / "checkpoint.pt"]
+
+
+def test_a_checkpoint_without_its_parts_or_with_other_shapes_stops_resume_and_sample(corpus, tmp_path):
+    out = tmp_path / "run"
+    tr.main(args(corpus, out, "--max-steps", "4", "--stop-at", "2"))
+    path = out / "checkpoint.pt"
+    good = torch.load(path, weights_only=True)
+    torch.save({k: v for k, v in good.items() if k != "optimizer"}, path)
+    with pytest.raises(SystemExit, match=r"checkpoint.pt is not a checkpoint of save_checkpoint, it lacks "
+                                         r"\['optimizer'\]"):
+        tr.main(args(corpus, out, "--resume"))
+    torch.save(dict(good, model=dict(good["model"], **{"lm_head.weight": torch.zeros(3, 3)})), path)
+    with pytest.raises(SystemExit, match=r"--checkpoint .*checkpoint.pt: load_checkpoint: .* other shapes "
+                                         r"\[.lm_head.weight \(3, 3\)"):
+        tr.main(["sample", "--checkpoint", str(path), "--device", "cpu"])
 
 
 def test_resume_refuses_other_training_settings_and_takes_other_operational_ones(corpus, tmp_path):

@@ -5,9 +5,10 @@
     torchrun --nproc_per_node=N -m transformer_from_scratch.train [...]     # DistributedDataParallel
 
 The loop is the course's own: `TransformerLM` (shape checks off), `cross_entropy`, `AdamW`, `lr_cosine_schedule`,
-`gradient_clipping`, `get_batch` on a memory-mapped byte file (`tokenize_file`) and `save_checkpoint` /
-`load_checkpoint`. The run's settings are a `TrainConfig`: the defaults are configs/shakespeare.json, inside the
-package; --config FILE.json replaces any of them and a flag (--d-model 64, --no-fused, ...) any one of them.
+`gradient_clipping`, `get_batch` on a memory-mapped byte file (`tokenize_file`) and `save_checkpoint`; a checkpoint
+is read once and put back as `load_checkpoint` does. The run's settings are a `TrainConfig`, whose defaults, the only
+ones, are `make train`'s run; --config FILE.json replaces any of them (a file names only what it changes, as the
+package's configs/ do) and a flag (--d-model 64, --no-fused, ...) any one of them.
 
 Written to --out-dir (build/train): checkpoint.pt (every --checkpoint-every steps, at the end and on Ctrl-C or
 SIGTERM: the step in flight finishes, the checkpoint is saved, the run exits), metrics.jsonl (one JSON object per
@@ -20,6 +21,10 @@ Under torchrun every process draws the same global batch of windows from the sam
 slice of it, so N processes see the batches one process would (their DistributedDataParallel gradients average the
 slices); rank 0 alone writes. The device is CUDA, else Apple's MPS, else the CPU (--device to choose); on CUDA the
 forward pass runs in bfloat16 autocast (--no-amp: float32).
+
+How a run goes: train() checks the settings, finds the device and the data, and joins the torchrun processes;
+set_up() builds (or restores) the model, the optimizer and the batch generator into a Run; train_loop() repeats
+take_step(), evaluate() and the metrics row, and save(), until the last step or a stop.
 """
 
 import argparse
@@ -44,10 +49,11 @@ from torch import Tensor, nn
 from transformer_from_scratch.shapes import shape_checks
 from transformer_from_scratch.swiglu import swiglu_hidden_size
 from transformer_from_scratch.training import (AdamW, GPT2StyleLM, cross_entropy, get_batch, gradient_clipping,
-                                               load_checkpoint, lr_cosine_schedule, save_checkpoint, tokenize_file)
+                                               lr_cosine_schedule, save_checkpoint, tokenize_file)
+from transformer_from_scratch.training import _check_fits  # load_checkpoint's check that the weights fit the model
 from transformer_from_scratch.transformer_lm import TransformerLM, generate
 
-DEFAULT_CONFIG = Path(__file__).parent / "configs" / "shakespeare.json"
+CONFIGS = Path(__file__).parent / "configs"  # example --config files; each names only the settings it changes
 VOCAB_SIZE = 256  # tokenize_file's bytes
 MODELS = ("transformer_lm", "gpt2_style")
 FORMAT = "transformer_from_scratch.train/1"  # marks a checkpoint of this script
@@ -56,7 +62,9 @@ CHECKPOINT, METRICS, CURVE, SAMPLES = "checkpoint.pt", "metrics.jsonl", "loss_cu
 
 @dataclasses.dataclass
 class TrainConfig:
-    """Everything that defines a run. The defaults equal configs/shakespeare.json (about 6 min on 2 free CPU cores)."""
+    """Everything that defines a run. Its defaults are `make train`'s run (about 6 min on 2 free CPU cores) and the
+    only defaults: a config file names only the settings it changes (tests/test_train.py checks that none repeats one).
+    """
 
     train_data: str = "notebooks/data/shakespeare/train.txt"  # a UTF-8 text file; its bytes are the tokens
     val_data: str = "notebooks/data/shakespeare/heldout.txt"  # the held-out text of the validation loss
@@ -215,22 +223,100 @@ def training_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: Te
     return loss.detach(), clip_fn(model.parameters(), grad_clip)
 
 
-# ---------------------------------------------------------------- the run
+# ---------------------------------------------------------------- reading a checkpoint, once
+
+def _read_run_checkpoint(path: Path) -> dict:
+    """A checkpoint of this script, read onto the CPU, or SystemExit naming what does not fit.
+
+    The only torch.load of a run or a sampling session: the weights, the optimizer's state and the extra entries are
+    all taken from the dict it returns.
+    """
+    if not path.is_file():
+        raise SystemExit(f"--resume: no checkpoint at {path} (train without --resume first, or give its --out-dir)")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # a truncated zip, a file torch.save never wrote, a pickle with code in it
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise SystemExit(f"{path} is not a readable checkpoint (truncated or not written by torch.save): "
+                         f"{first}") from None
+    extra = checkpoint.get("extra") if isinstance(checkpoint, dict) else None
+    if not isinstance(extra, dict) or extra.get("format") != FORMAT:
+        raise SystemExit(f"{path} is not a checkpoint of transformer_from_scratch.train: it has no "
+                         f"extra['format'] == {FORMAT!r} (a save_checkpoint of another script?)")
+    missing = [key for key in ("model", "optimizer", "iteration") if key not in checkpoint]
+    if missing:
+        raise SystemExit(f"{path} is not a checkpoint of save_checkpoint, it lacks {missing}")
+    return checkpoint
+
+
+def _resumed_config(checkpoint: dict, requested: dict[str, Any], path: Path) -> TrainConfig:
+    """The checkpoint's config, with the operational settings asked for now; SystemExit if a training one differs."""
+    saved = checkpoint["extra"]["config"]
+    unknown = sorted(set(saved) - set(FIELDS))
+    if unknown:
+        raise SystemExit(f"{path}: its config has settings this version does not know: {unknown}")
+    differ = [f"{_flag(k)} {requested[k]!r} (the checkpoint's: {saved.get(k)!r})" for k in sorted(requested)
+              if k not in OPERATIONAL and requested[k] != saved.get(k)]
+    if differ:
+        raise SystemExit(f"--resume continues the run in {path} as it was configured; these settings differ: "
+                         + "; ".join(differ))
+    return TrainConfig(**{**saved, **{k: v for k, v in requested.items() if k in OPERATIONAL}})
+
+
+def _load_state(checkpoint: dict, model: nn.Module, optimizer: torch.optim.Optimizer | None, flag: str) -> None:
+    """What load_checkpoint does, on a checkpoint already read: its weights into `model` (after load_checkpoint's own
+    check of their names and shapes) and, unless None, its state into `optimizer`. SystemExit "flag: ..." if not."""
+    try:
+        _check_fits(checkpoint["model"], model)
+        model.load_state_dict(checkpoint["model"])
+        if optimizer is not None:
+            optimizer.load_state_dict(checkpoint["optimizer"])
+    except ValueError as error:
+        raise SystemExit(f"{flag}: {error}") from None
+
+
+# ---------------------------------------------------------------- the run: set up
 
 @dataclasses.dataclass
 class _Processes:
+    """This process's place under torchrun (its environment variables), or the one process of a plain run."""
+
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+
+    @classmethod
+    def from_environment(cls) -> "_Processes":
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                   int(os.environ.get("LOCAL_RANK", 0)))
 
     @property
     def distributed(self) -> bool:
         return self.world > 1
 
     def sum(self, values: Tensor) -> Tensor:
+        """The sum over the processes (all_reduce, in place), every process getting it; `values` alone without."""
         if self.distributed:
             dist.all_reduce(values, op=dist.ReduceOp.SUM)
         return values
+
+
+@contextlib.contextmanager
+def _process_group(procs: _Processes, device: torch.device) -> Iterator[None]:
+    """Under torchrun: join the process group that the all-reduces go through, and leave it together."""
+    if not procs.distributed:
+        yield
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        yield
+        # Rank 0 still writes the curve and the samples. A process that tore its process group down meanwhile
+        # could abort in gloo (SIGABRT, "terminate called without an active exception"): all leave together.
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
 
 
 @contextlib.contextmanager
@@ -257,37 +343,6 @@ def _stop_requests() -> Iterator[dict]:
             signal.signal(sig, old)
 
 
-def _read_run_checkpoint(path: Path) -> dict:
-    """A checkpoint of this script, read onto the CPU, or SystemExit naming what does not fit."""
-    if not path.is_file():
-        raise SystemExit(f"--resume: no checkpoint at {path} (train without --resume first, or give its --out-dir)")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # a truncated zip, a file torch.save never wrote, a pickle with code in it
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise SystemExit(f"{path} is not a readable checkpoint (truncated or not written by torch.save): "
-                         f"{first}") from None
-    extra = checkpoint.get("extra") if isinstance(checkpoint, dict) else None
-    if not isinstance(extra, dict) or extra.get("format") != FORMAT:
-        raise SystemExit(f"{path} is not a checkpoint of transformer_from_scratch.train: it has no "
-                         f"extra['format'] == {FORMAT!r} (a save_checkpoint of another script?)")
-    return checkpoint
-
-
-def _resumed_config(checkpoint: dict, requested: dict[str, Any], path: Path) -> TrainConfig:
-    """The checkpoint's config, with the operational settings asked for now; SystemExit if a training one differs."""
-    saved = checkpoint["extra"]["config"]
-    unknown = sorted(set(saved) - set(FIELDS))
-    if unknown:
-        raise SystemExit(f"{path}: its config has settings this version does not know: {unknown}")
-    differ = [f"{_flag(k)} {requested[k]!r} (the checkpoint's: {saved.get(k)!r})" for k in sorted(requested)
-              if k not in OPERATIONAL and requested[k] != saved.get(k)]
-    if differ:
-        raise SystemExit(f"--resume continues the run in {path} as it was configured; these settings differ: "
-                         + "; ".join(differ))
-    return TrainConfig(**{**saved, **{k: v for k, v in requested.items() if k in OPERATIONAL}})
-
-
 def _tokens(path: str, what: str, seq_len: int) -> np.ndarray:
     """The memory-mapped bytes of a corpus file, or SystemExit naming it."""
     flag = "--train-data" if what == "training" else "--val-data"
@@ -312,8 +367,7 @@ def train(config: TrainConfig, *, resume: bool = False, requested: dict[str, Any
     Raises SystemExit with a one-line message for bad settings, a missing corpus, an unusable checkpoint, a loss
     that is not finite.
     """
-    out_dir = Path(config.out_dir)
-    checkpoint_path = out_dir / CHECKPOINT
+    checkpoint_path = Path(config.out_dir) / CHECKPOINT
     checkpoint = None
     if resume:
         checkpoint = _read_run_checkpoint(checkpoint_path)
@@ -324,158 +378,269 @@ def train(config: TrainConfig, *, resume: bool = False, requested: dict[str, Any
     check_config(config)
     if stop_at is not None and stop_at < 1:
         raise SystemExit(f"--stop-at must be >= 1, got {stop_at}")
-    procs = _Processes(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                       int(os.environ.get("LOCAL_RANK", 0)))
+    procs = _Processes.from_environment()
     if config.batch_size % procs.world:
         raise SystemExit(f"--batch-size {config.batch_size} must be divisible by the {procs.world} processes")
     device = resolve_device(config.device, procs.local_rank)
     seq_len = config.seq_len or config.context_length
     train_tokens = _tokens(config.train_data, "training", seq_len)
     val_tokens = _tokens(config.val_data, "held-out", seq_len)
-    if procs.distributed:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    try:
-        with shape_checks(False):
-            result = _run(config, checkpoint, device, procs, train_tokens, val_tokens, seq_len, stop_at, progress)
-        if procs.distributed:
-            # Rank 0 still writes the curve and the samples. A process that tore its process group down meanwhile
-            # could abort in gloo (SIGABRT, "terminate called without an active exception"): all leave together.
-            dist.barrier()
-        return result
-    finally:
-        if procs.distributed:
-            dist.destroy_process_group()
+    with _process_group(procs, device), shape_checks(False):
+        run = set_up(config, checkpoint, procs, device, train_tokens, val_tokens)
+        return train_loop(run, stop_at, progress)
 
 
-def _run(config: TrainConfig, checkpoint: dict | None, device: torch.device, procs: _Processes,
-         train_tokens: np.ndarray, val_tokens: np.ndarray, seq_len: int, stop_at: int | None,
-         progress: bool) -> dict[str, Any]:
-    from tqdm.auto import tqdm
+@dataclasses.dataclass
+class Run:
+    """A run in progress: what set_up() builds, and what the loop's functions read and advance."""
 
-    out_dir = Path(config.out_dir)
-    checkpoint_path, metrics_path = out_dir / CHECKPOINT, out_dir / METRICS
-    lead = procs.rank == 0
+    config: TrainConfig
+    procs: _Processes
+    device: torch.device
+    model: nn.Module                  # evaluated, saved and sampled
+    trained: nn.Module                # what a step calls: the model, or DistributedDataParallel around it
+    optimizer: torch.optim.Optimizer
+    batches: torch.Generator          # draws the training windows; saved, so that a resumed run draws the same ones
+    train_tokens: np.ndarray
+    val_tokens: np.ndarray
+    amp: bool                         # the forward pass in bfloat16 autocast (CUDA only)
+    step: int = 0                     # the steps done
+    elapsed_s: float = 0.0            # seconds of training so far, those before a resume included
+    pending: list[float] = dataclasses.field(default_factory=list)  # the training losses since the last metrics row
+    last_saved: int | None = None     # the step of the checkpoint on disk, named when a loss is not finite
+
+    @property
+    def lead(self) -> bool:
+        """Rank 0, the one process that writes and prints."""
+        return self.procs.rank == 0
+
+    @property
+    def seq_len(self) -> int:
+        return self.config.seq_len or self.config.context_length
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.config.batch_size * self.seq_len
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.config.out_dir)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else contextlib.nullcontext()
+
+
+def set_up(config: TrainConfig, checkpoint: dict | None, procs: _Processes, device: torch.device,
+           train_tokens: np.ndarray, val_tokens: np.ndarray) -> Run:
+    """The model, the optimizer and the batch generator, seeded from config.seed, or, given the checkpoint of a run
+    (already read), restored to go on exactly where it stopped; metrics.jsonl cut back to the same step."""
     torch.manual_seed(config.seed)
     model = build_model(config, device)
     optimizer = AdamW(model.parameters(), lr=config.max_lr, betas=tuple(config.betas), eps=config.eps,
                       weight_decay=config.weight_decay)
-    batches = torch.Generator().manual_seed(config.seed)
-    start, elapsed_before, pending = 0, 0.0, []
-    if checkpoint is not None:
-        try:
-            start = load_checkpoint(checkpoint_path, model, optimizer)
-        except ValueError as error:
-            raise SystemExit(f"--resume: {error}") from None
-        extra = checkpoint["extra"]
-        batches.set_state(extra["batches"])
-        torch.set_rng_state(extra["torch_rng"])
-        elapsed_before, pending = extra["elapsed_s"], list(extra["pending_losses"])
-    trained = nn.parallel.DistributedDataParallel(model) if procs.distributed else model
     amp = config.amp and device.type == "cuda" and torch.cuda.is_bf16_supported()
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if amp else contextlib.nullcontext
-    local = config.batch_size // procs.world
-    rows = slice(procs.rank * local, (procs.rank + 1) * local)
-    tokens_per_step = config.batch_size * seq_len
+    run = Run(config, procs, device, model, model, optimizer, torch.Generator().manual_seed(config.seed),
+              train_tokens, val_tokens, amp)
+    if checkpoint is not None:
+        _restore(run, checkpoint)
+    if procs.distributed:
+        run.trained = nn.parallel.DistributedDataParallel(model)  # after the restore: it copies rank 0's weights
+    if run.lead:
+        _keep_metrics_up_to(run.step, run.out_dir / METRICS)
+    return run
 
-    def batch(tokens: np.ndarray, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        """The global batch from the shared generator; this process keeps its rows."""
-        x, y = get_batch(tokens, config.batch_size, seq_len, "cpu", generator=generator)
-        return x[rows].to(device, non_blocking=True), y[rows].to(device, non_blocking=True)
 
-    @torch.no_grad()
-    def validation_loss() -> float:
-        windows = torch.Generator().manual_seed(config.seed + 1)  # the same windows every time
-        total = torch.zeros((), device=device)
-        for _ in range(config.eval_batches):
-            x, y = batch(val_tokens, windows)
-            with autocast():
-                logits = model(x)
-            total += cross_entropy(logits, y)
-        return procs.sum(total / config.eval_batches).item() / procs.world
+def _restore(run: Run, checkpoint: dict) -> None:
+    """Everything a resumed run needs to be bit for bit the run that never stopped: weights, optimizer moments, the
+    step, the batch generator, torch's global generator, the clock and the losses not yet logged."""
+    _load_state(checkpoint, run.model, run.optimizer, "--resume")
+    extra = checkpoint["extra"]
+    run.step = run.last_saved = checkpoint["iteration"]
+    run.batches.set_state(extra["batches"])
+    torch.set_rng_state(extra["torch_rng"])
+    run.elapsed_s, run.pending = extra["elapsed_s"], list(extra["pending_losses"])
 
-    def save(step: int, elapsed: float) -> None:
-        if lead:
-            extra = dict(format=FORMAT, config=dataclasses.asdict(config), batches=batches.get_state(),
-                         torch_rng=torch.get_rng_state(), elapsed_s=elapsed, pending_losses=list(pending))
-            save_checkpoint(model, optimizer, step, checkpoint_path, extra=extra)
 
-    if lead:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        kept = [line for line in _read_lines(metrics_path) if json.loads(line)["step"] <= start] if start else []
-        metrics_path.write_text("".join(kept))
-    if start >= config.max_steps:
-        if lead:
-            print(f"the run in {out_dir} already finished at step {start}: sample from it with `make sample`")
-        return dict(step=start, stopped=False, val_loss=None)
-    parameters = sum(p.numel() for p in model.parameters())
-    if lead:
-        print(f"{type(model).__name__}: {parameters:,} parameters | {procs.world} process(es) on {device} "
-              f"{'(bfloat16 autocast)' if amp else '(float32)'} | {tokens_per_step:,} tokens per step | steps "
-              f"{start} -> {config.max_steps} | writing to {out_dir}", file=sys.stderr, flush=True)
-    bar = tqdm(total=config.max_steps, initial=start, unit="step", disable=not (lead and progress), smoothing=0.1,
-               dynamic_ncols=True, mininterval=1.0)
-    began, log_began, log_tokens, val_loss, step = time.perf_counter(), time.perf_counter(), 0, None, start
-    step_seconds = None  # a moving average, for the progress bar
-    last_saved = start if checkpoint is not None else None
+def _keep_metrics_up_to(step: int, metrics_path: Path) -> None:
+    """Keep the metrics rows of steps up to `step` (none for a new run): rows that a run killed after its last
+    checkpoint logged are logged again when it resumes."""
+    metrics_path.parent.mkdir(parents=True, exist_ok=True)
+    kept = [line for line in _read_lines(metrics_path) if json.loads(line)["step"] <= step] if step else []
+    metrics_path.write_text("".join(kept))
+
+
+# ---------------------------------------------------------------- the run: one step, evaluate, save, log
+
+@dataclasses.dataclass
+class StepResult:
+    """What take_step() reports of a step."""
+
+    lr: float
+    loss: float          # the mean over the processes, as is the gradient norm
+    grad_norm: float
+    stop: bool           # a process was asked to stop (Ctrl-C, SIGTERM): all stop after this step
+
+
+def draw_batch(run: Run, tokens: np.ndarray, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """The global batch of windows from `generator`, which every process holds in the same state; this process's
+    rows of it, on its device. So N processes train on the batches one process would."""
+    x, y = get_batch(tokens, run.config.batch_size, run.seq_len, "cpu", generator=generator)
+    rows = run.config.batch_size // run.procs.world
+    mine = slice(run.procs.rank * rows, (run.procs.rank + 1) * rows)
+    return x[mine].to(run.device, non_blocking=True), y[mine].to(run.device, non_blocking=True)
+
+
+def take_step(run: Run, requests: dict[str, bool]) -> StepResult:
+    """Step run.step + 1: the scheduled lr, a batch, training_step, then the update if the loss and the gradient
+    norm are finite (else SystemExit before it, the last checkpoint kept). `requests` is _stop_requests' flag."""
+    config = run.config
+    # The schedule at the step's number, 1 … max_steps: no update at lr 0, the last one at min_lr.
+    lr = lr_cosine_schedule(run.step + 1, config.max_lr, config.min_lr, config.warmup_steps, config.max_steps)
+    x, y = draw_batch(run, run.train_tokens, run.batches)
+    loss, norm = training_step(run.trained, run.optimizer, x, y, lr, config.grad_clip, autocast=run.autocast)
+    # One all-reduce and one read-back per step: the mean loss and norm, and whether any process was asked to stop.
+    votes = torch.stack([loss.float(), norm.float().to(loss.device),
+                         torch.tensor(float(requests["stop"]), device=loss.device)])
+    loss_value, norm_value, stops = (run.procs.sum(votes) / run.procs.world).tolist()
+    run.step += 1
+    if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+        _stop_not_finite(run, loss_value, norm_value)
+    run.optimizer.step()
+    run.pending.append(loss_value)
+    return StepResult(lr, loss_value, norm_value, stop=stops > 0)
+
+
+def _stop_not_finite(run: Run, loss: float, norm: float) -> None:
+    """SystemExit naming the value that is not finite and the checkpoint that is kept, the last good one."""
+    kept = (f"the last good checkpoint, of step {run.last_saved}, is kept at {run.out_dir / CHECKPOINT}"
+            if run.last_saved is not None else "no checkpoint was saved yet")
+    what = "loss" if not math.isfinite(loss) else "gradient norm"
+    raise SystemExit(f"the {what} is {loss if what == 'loss' else norm} at step {run.step} (loss {loss}, gradient "
+                     f"norm {norm}): stopped before the update; {kept}. Try a lower --max-lr.")
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> float:
+    """The mean loss on config.eval_batches batches of the held-out text, averaged over the processes. The windows
+    come from a generator of their own, seeded the same at every evaluation: the same windows every time."""
+    windows = torch.Generator().manual_seed(run.config.seed + 1)
+    total = torch.zeros((), device=run.device)
+    for _ in range(run.config.eval_batches):
+        x, y = draw_batch(run, run.val_tokens, windows)
+        with run.autocast():
+            logits = run.model(x)
+        total += cross_entropy(logits, y)
+    return run.procs.sum(total / run.config.eval_batches).item() / run.procs.world
+
+
+def save(run: Run) -> None:
+    """Rank 0 writes checkpoint.pt: save_checkpoint's weights, optimizer state and step, and in `extra` the rest of
+    an exact resume (the generators, the clock, the losses not yet logged) with the config and this script's mark."""
+    if run.lead:
+        extra = dict(format=FORMAT, config=dataclasses.asdict(run.config), batches=run.batches.get_state(),
+                     torch_rng=torch.get_rng_state(), elapsed_s=run.elapsed_s, pending_losses=list(run.pending))
+        save_checkpoint(run.model, run.optimizer, run.step, run.out_dir / CHECKPOINT, extra=extra)
+    run.last_saved = run.step
+
+
+def write_metrics_row(run: Run, step: StepResult, val_loss: float | None, tokens_per_s: float) -> None:
+    """Rank 0 appends a row to metrics.jsonl; its train_loss is the mean of the losses since the last row."""
+    row = dict(step=run.step, tokens=run.step * run.tokens_per_step, train_loss=sum(run.pending) / len(run.pending),
+               val_loss=val_loss, lr=step.lr, grad_norm=step.grad_norm, tokens_per_s=round(tokens_per_s, 1),
+               elapsed_s=round(run.elapsed_s, 2))
+    if run.lead:
+        with (run.out_dir / METRICS).open("a", encoding="utf-8") as file:
+            file.write(json.dumps(row) + "\n")
+    run.pending = []
+
+
+# ---------------------------------------------------------------- the run: the loop
+
+def train_loop(run: Run, stop_at: int | None, progress: bool) -> dict[str, Any]:
+    """From run.step to config.max_steps: take a step; every eval_every steps (and at the last) evaluate, every
+    log_every steps (and when evaluating) log; every checkpoint_every steps (at the last, and when stopped) save.
+    Stops after the step in flight on Ctrl-C, SIGTERM or at stop_at. Returns train()'s summary."""
+    config = run.config
+    if run.step >= config.max_steps:
+        if run.lead:
+            print(f"the run in {run.out_dir} already finished at step {run.step}: sample from it with `make sample`")
+        return dict(step=run.step, stopped=False, val_loss=None)
+    if run.lead:
+        _announce(run)
+    bar = _ProgressBar(run, show=run.lead and progress)
+    clock_zero = time.perf_counter() - run.elapsed_s      # the clock goes on from the checkpoint's
+    row_step, row_time = run.step, time.perf_counter()    # the last metrics row's, for the throughput
+    val_loss = None
     with _stop_requests() as requests, bar:
-        for it in range(start, config.max_steps):
+        while run.step < config.max_steps:
             step_began = time.perf_counter()
-            # The schedule at the step's number, 1 … max_steps: no update at lr 0, the last one at min_lr.
-            lr = lr_cosine_schedule(it + 1, config.max_lr, config.min_lr, config.warmup_steps, config.max_steps)
-            x, y = batch(train_tokens, batches)
-            loss, norm = training_step(trained, optimizer, x, y, lr, config.grad_clip, autocast=autocast)
-            votes = torch.stack([loss.float(), norm.float().to(loss.device),
-                                 torch.tensor(float(requests["stop"]), device=loss.device)])
-            loss_value, norm_value, stops = (procs.sum(votes) / procs.world).tolist()
-            step = it + 1
-            if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
-                kept = (f"the last good checkpoint, of step {last_saved}, is kept at {checkpoint_path}"
-                        if last_saved is not None else "no checkpoint was saved yet")
-                what = "loss" if not math.isfinite(loss_value) else "gradient norm"
-                raise SystemExit(f"the {what} is {loss_value if what == 'loss' else norm_value} at step {step} (loss "
-                                 f"{loss_value}, gradient norm {norm_value}): stopped before the update; {kept}. "
-                                 f"Try a lower --max-lr.")
-            optimizer.step()
-            pending.append(loss_value)
-            log_tokens += tokens_per_step
-            elapsed = elapsed_before + time.perf_counter() - began
-            seconds = time.perf_counter() - step_began
-            step_seconds = seconds if step_seconds is None else 0.9 * step_seconds + 0.1 * seconds
-            bar.set_postfix_str(f"loss {loss_value:.3f}, lr {lr:.2e}, {tokens_per_step / step_seconds:,.0f} tok/s"
-                                + (f", val {val_loss:.3f}" if val_loss is not None else ""), refresh=False)
-            evaluate = step % config.eval_every == 0 or step == config.max_steps
-            if evaluate or step % config.log_every == 0:
-                if evaluate:
-                    val_loss = validation_loss()
-                row = dict(step=step, tokens=step * tokens_per_step, train_loss=sum(pending) / len(pending),
-                           val_loss=val_loss if evaluate else None, lr=lr, grad_norm=norm_value,
-                           tokens_per_s=round(log_tokens / (time.perf_counter() - log_began), 1),
-                           elapsed_s=round(elapsed, 2))
-                if lead:
-                    with metrics_path.open("a", encoding="utf-8") as file:
-                        file.write(json.dumps(row) + "\n")
-                pending, log_began, log_tokens = [], time.perf_counter(), 0
-            bar.update(1)
-            stop = stops > 0 or step == stop_at
-            if stop or step % config.checkpoint_every == 0 or step == config.max_steps:
-                save(step, elapsed)
-                last_saved = step
+            step = take_step(run, requests)
+            run.elapsed_s = time.perf_counter() - clock_zero
+            bar.show(step, val_loss, seconds=time.perf_counter() - step_began)
+            evaluating = run.step % config.eval_every == 0 or run.step == config.max_steps
+            if evaluating:
+                val_loss = evaluate(run)
+            if evaluating or run.step % config.log_every == 0:
+                tokens_per_s = (run.step - row_step) * run.tokens_per_step / (time.perf_counter() - row_time)
+                write_metrics_row(run, step, val_loss if evaluating else None, tokens_per_s)
+                row_step, row_time = run.step, time.perf_counter()
+            stop = step.stop or run.step == stop_at
+            if stop or run.step % config.checkpoint_every == 0 or run.step == config.max_steps:
+                save(run)
             if stop:
                 break
-    if step < config.max_steps:
-        if lead:
-            print(f"stopped after step {step} of {config.max_steps}: checkpoint saved to {checkpoint_path}; go on "
-                  f"with `make train TRAIN_ARGS=--resume` (or the same command with --resume)", file=sys.stderr)
-        return dict(step=step, stopped=True, val_loss=val_loss)
-    elapsed = elapsed_before + time.perf_counter() - began
-    if lead:
-        write_loss_curve(metrics_path, out_dir / CURVE)
-        samples = write_samples(model, config, device, out_dir / SAMPLES)
-        print(f"held-out loss {val_loss:.3f} nats per byte after {step} steps ({step * tokens_per_step:,} tokens) in "
-              f"{elapsed / 60:.1f} min | {out_dir / CHECKPOINT}, {METRICS}, {CURVE}, {SAMPLES}\n\n{samples}")
-    return dict(step=step, stopped=False, val_loss=val_loss, elapsed_s=elapsed)
+    run.elapsed_s = time.perf_counter() - clock_zero
+    return _finish(run, val_loss)
+
+
+def _announce(run: Run) -> None:
+    """One line on stderr: the model, the processes, the device, the steps to go and where the run writes."""
+    parameters = sum(p.numel() for p in run.model.parameters())
+    print(f"{type(run.model).__name__}: {parameters:,} parameters | {run.procs.world} process(es) on {run.device} "
+          f"{'(bfloat16 autocast)' if run.amp else '(float32)'} | {run.tokens_per_step:,} tokens per step | steps "
+          f"{run.step} -> {run.config.max_steps} | writing to {run.out_dir}", file=sys.stderr, flush=True)
+
+
+class _ProgressBar:
+    """Rank 0's tqdm bar: the step, and after it the loss, the lr, the tokens per second and the last held-out loss."""
+
+    def __init__(self, run: Run, show: bool):
+        from tqdm.auto import tqdm
+
+        self.tokens_per_step, self.step_seconds = run.tokens_per_step, None  # a moving average of a step's time
+        self.bar = tqdm(total=run.config.max_steps, initial=run.step, unit="step", disable=not show, smoothing=0.1,
+                        dynamic_ncols=True, mininterval=1.0)
+
+    def show(self, step: StepResult, val_loss: float | None, seconds: float) -> None:
+        self.step_seconds = seconds if self.step_seconds is None else 0.9 * self.step_seconds + 0.1 * seconds
+        self.bar.set_postfix_str(f"loss {step.loss:.3f}, lr {step.lr:.2e}, "
+                                 f"{self.tokens_per_step / self.step_seconds:,.0f} tok/s"
+                                 + (f", val {val_loss:.3f}" if val_loss is not None else ""), refresh=False)
+        self.bar.update(1)
+
+    def __enter__(self) -> "_ProgressBar":
+        return self
+
+    def __exit__(self, *error) -> None:
+        self.bar.close()
+
+
+def _finish(run: Run, val_loss: float | None) -> dict[str, Any]:
+    """Stopped early: say how to go on. Done: rank 0 draws the loss curve, writes the samples and prints them.
+    Returns train()'s summary."""
+    checkpoint_path = run.out_dir / CHECKPOINT
+    if run.step < run.config.max_steps:
+        if run.lead:
+            print(f"stopped after step {run.step} of {run.config.max_steps}: checkpoint saved to {checkpoint_path}; "
+                  f"go on with `make train TRAIN_ARGS=--resume` (or the same command with --resume)", file=sys.stderr)
+        return dict(step=run.step, stopped=True, val_loss=val_loss)
+    if run.lead:
+        write_loss_curve(run.out_dir / METRICS, run.out_dir / CURVE)
+        samples = write_samples(run.model, run.config, run.device, run.out_dir / SAMPLES)
+        print(f"held-out loss {val_loss:.3f} nats per byte after {run.step} steps "
+              f"({run.step * run.tokens_per_step:,} tokens) in {run.elapsed_s / 60:.1f} min | {checkpoint_path}, "
+              f"{METRICS}, {CURVE}, {SAMPLES}\n\n{samples}")
+    return dict(step=run.step, stopped=False, val_loss=val_loss, elapsed_s=run.elapsed_s)
 
 
 def _read_lines(path: Path) -> list[str]:
@@ -542,13 +707,10 @@ def load_for_sampling(path: str | os.PathLike, device: torch.device) -> tuple[nn
     path = Path(path)
     if not path.is_file():
         raise SystemExit(f"--checkpoint: no checkpoint at {path}")
-    checkpoint = _read_run_checkpoint(path)
+    checkpoint = _read_run_checkpoint(path)  # read once: its config builds the model, its weights fill it
     config = TrainConfig(**{k: v for k, v in checkpoint["extra"]["config"].items() if k in FIELDS})
     model = build_model(config, device)
-    try:
-        load_checkpoint(path, model)
-    except ValueError as error:
-        raise SystemExit(f"--checkpoint {path}: {error}") from None
+    _load_state(checkpoint, model, None, f"--checkpoint {path}")
     return model.eval(), config
 
 
@@ -565,8 +727,9 @@ def _train_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m transformer_from_scratch.train",
                                      description=__doc__.split("\n\n")[0].strip("` "),
                                      epilog="`python -m transformer_from_scratch.train sample --help`: sampling.")
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
-                        help="a JSON file of settings (default: the package's configs/shakespeare.json)")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="a JSON file of the settings to change (default: none, TrainConfig's defaults; "
+                             "examples in the package's configs/)")
     parser.add_argument("--resume", action="store_true", help="go on from OUT_DIR/checkpoint.pt")
     parser.add_argument("--overwrite", action="store_true", help="start again over an existing checkpoint")
     parser.add_argument("--stop-at", type=int, default=None, help="stop after this step as Ctrl-C would (save, exit)")
@@ -623,11 +786,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | str:
         return sample_main(argv[1:])
     args = _train_parser().parse_args(argv)
     flags = {name: getattr(args, name) for name in FIELDS if hasattr(args, name)}
-    from_file = read_config_file(args.config)
-    config = TrainConfig(**{**from_file, **flags})
-    requested = {**(from_file if args.config != DEFAULT_CONFIG else {}), **flags}
-    return train(config, resume=args.resume, requested=requested, stop_at=args.stop_at, overwrite=args.overwrite,
-                 progress=args.progress)
+    requested = {**(read_config_file(args.config) if args.config else {}), **flags}  # a flag replaces the file's
+    return train(TrainConfig(**requested), resume=args.resume, requested=requested, stop_at=args.stop_at,
+                 overwrite=args.overwrite, progress=args.progress)
 
 
 if __name__ == "__main__":
