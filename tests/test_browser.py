@@ -34,11 +34,12 @@ from pathlib import Path
 import pytest
 
 import test_lab
+from transformer_from_scratch._project import repo_root
 from transformer_from_scratch.nbtools import site, slides, student, web
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="Playwright for Python is not installed (make setup)")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = repo_root()
 CHROMIUM = next((path for path in (os.environ.get("CHROMIUM"), shutil.which("chromium"), "/usr/bin/chromium",
                                    shutil.which("chromium-browser"), shutil.which("google-chrome"))
                  if path and Path(path).is_file()), None)

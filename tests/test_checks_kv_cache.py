@@ -1,22 +1,15 @@
 """check_kv_cache passes the package's KV cache and names each classic mistake, planted here as a small change of
-the package's KVCache, cached_forward or generate."""
+the package's KVCache; check_generate does the same for notebook 10's generate, the loop that makes and resets the
+caches."""
 
 import pytest
 import torch
 
-from transformer_from_scratch import scaled_dot_product_attention
-from transformer_from_scratch.checks import check_kv_cache
-from transformer_from_scratch.kv_cache import KVCache, cached_forward
-from transformer_from_scratch.kv_cache import generate_with_cache as generate
-from transformer_from_scratch.transformer_lm import generate as generate_uncached
+from transformer_from_scratch import next_token_distribution
+from transformer_from_scratch.checks import check_generate, check_kv_cache
+from transformer_from_scratch.kv_cache import KVCache
+from transformer_from_scratch.transformer_lm import generate
 from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
-
-
-def check(parts):
-    check_kv_cache(*parts)
-
-
-RIGHT = (KVCache, cached_forward, generate)
 
 
 # --- KVCache ---------------------------------------------------------------------------------------------------
@@ -30,12 +23,27 @@ class Grown(KVCache):
 
 
 class Copies(KVCache):
-    def append(self, k, v):
-        return tuple(t.clone() for t in super().append(k, v))
+    def update(self, k, v):
+        return tuple(t.clone() for t in super().update(k, v))
+
+
+class OnlyTheNew(KVCache):
+    def update(self, k, v):
+        start = self.length
+        keys, values = super().update(k, v)
+        return keys[:, :, start:], values[:, :, start:]
+
+
+class LengthStays(KVCache):
+    def update(self, k, v):
+        start = self.length
+        out = super().update(k, v)
+        self.length = start
+        return out
 
 
 class NoOverflowError(KVCache):
-    def append(self, k, v):
+    def update(self, k, v):
         end = min(self.length + k.shape[2], self.keys.shape[2])
         n = end - self.length
         self.keys[:, :, self.length:end], self.values[:, :, self.length:end] = k[:, :, :n], v[:, :, :n]
@@ -54,71 +62,86 @@ class NoReset(KVCache):
         pass
 
 
-# --- cached_forward: the attention step with one mistake -------------------------------------------------------
+class QueryHeads(KVCache):
+    """for_model sized with the query heads, as before grouped-query attention."""
 
-def forward_with(*, restart=False, rotate_again=False, mask="right"):
-    def attention(attn, x, cache):
-        batch, new, _ = x.shape
-        start = cache.length
-        q, k, v = (proj(x).view(batch, new, attn.num_heads, attn.d_k).transpose(1, 2)
-                   for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-        positions = torch.arange(new) if restart else torch.arange(start, start + new)
-        q, k = attn.rope(q, positions), attn.rope(k, positions)
-        keys, values = cache.append(k, v)
-        if rotate_again:
-            keys = attn.rope(keys, torch.arange(start + new))
-        m = {"right": torch.ones(new, start + new, dtype=torch.bool).tril(start), "none": None,
-             "top-left": torch.ones(new, start + new, dtype=torch.bool).tril()}[mask]
-        out = scaled_dot_product_attention(q, keys, values, m)
-        return attn.output_proj(out.transpose(1, 2).reshape(batch, new, attn.d_model))
-
-    def forward(model, token_ids, caches):
-        x = model.token_embeddings(token_ids)
-        for block, cache in zip(model.layers, caches):
-            x = x + attention(block.attn, block.ln1(x), cache)
-            x = x + block.ffn(block.ln2(x))
-        return model.lm_head(model.ln_final(x))
-
-    return forward
+    @classmethod
+    def for_model(cls, model, batch=1):
+        weight = model.lm_head.weight
+        return [cls(batch, block.attn.num_heads, model.context_length, block.attn.d_k, device=weight.device,
+                    dtype=weight.dtype) for block in model.layers]
 
 
-# --- generate with one mistake ---------------------------------------------------------------------------------
+CACHE_MUTANTS = [
+    (Grown, "preallocate"),
+    (Copies, "returns a copy"),
+    (OnlyTheNew, "return the keys of every position so far"),
+    (LengthStays, "KVCache.length is"),
+    (NoOverflowError, "accepts 4 positions"),
+    (KeysOnlyBytes, "nbytes"),
+    (NoReset, "reset()"),
+    (QueryHeads, "for a model whose attention has 2 key/value heads"),
+]
 
-def generate_with(*, mode="right", eos=True):
+
+def test_the_package_passes_with_one_line(capsys):
+    check_kv_cache(KVCache)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("✓ check_kv_cache")
+
+
+@pytest.mark.parametrize("mutant, phrase", CACHE_MUTANTS, ids=[p for _, p in CACHE_MUTANTS])
+def test_each_cache_mistake_is_named(mutant, phrase):
+    assert_own_verdict(check_kv_cache, mutant, phrase, CACHE_MUTANTS)
+
+
+def test_the_phrases_are_distinct():
+    assert_phrases_distinct(CACHE_MUTANTS)
+    assert_phrases_distinct(GENERATE_MUTANTS)
+
+
+def test_the_checks_keep_the_random_state():
+    assert_random_state_kept(check_kv_cache, KVCache)
+    assert_random_state_kept(check_generate, generate)
+
+
+# --- generate: the loop with one mistake -------------------------------------------------------------------------
+
+def generate_with(*, mode="right", eos=True, keep_window=False):
     kept = {}
 
     @torch.no_grad()
     def wrong(model, prompt_ids, max_new_tokens, *, use_cache=True, temperature=1.0, top_k=None, top_p=None,
               generator=None, eos_id=None):
-        if mode == "uncached":
-            return generate_uncached(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                                     top_p=top_p, generator=generator, eos_id=eos_id)
-        if mode == "kept":
+        if mode == "kept" and use_cache:
             caches = kept.setdefault("caches", KVCache.for_model(model))
-        else:
+        elif use_cache and mode != "uncached" or mode == "always cached":
             caches = KVCache.for_model(model)
-        ids = prompt_ids
+        else:
+            caches = None
+        ids, start = prompt_ids, 0
         for _ in range(max_new_tokens):
-            if mode == "whole":
+            window = max(0, len(ids) - model.context_length)
+            if caches is not None and mode == "whole":
                 for cache in caches:
                     cache.reset()
-            if len(ids) > model.context_length and mode == "stale":
+            if caches is not None and window != start and mode == "stale":
                 for cache in caches:  # drop the oldest position, keep the rest as they are
                     cache.keys[:, :, :-1] = cache.keys[:, :, 1:].clone()
                     cache.values[:, :, :-1] = cache.values[:, :, 1:].clone()
                     cache.length -= 1
-                new = ids[-1:]
-            elif len(ids) > model.context_length and mode != "no window":
+                start = window
+            elif caches is not None and window != start and mode != "no window":
                 for cache in caches:
                     cache.reset()
-                new = ids[-model.context_length:]
-            else:
-                new = ids[caches[0].length:]
-            logits = cached_forward(model, new[None], caches)[0, -1]
-            if temperature == 0:
+                start = window
+            elif caches is None:
+                start = 0 if mode == "no window" else window
+            new = ids[start:] if caches is None else ids[start + caches[0].length:]
+            logits = (model(new[None]) if caches is None else model(new[None], cache=caches))[0, -1]
+            if temperature == 0 or mode == "always greedy":
                 next_id = logits.argmax().view(1)
             else:
-                from transformer_from_scratch import next_token_distribution
                 next_id = torch.multinomial(next_token_distribution(logits, temperature, top_k, top_p), 1,
                                             generator=generator)
             ids = torch.cat([ids, next_id.to(ids.dtype)])
@@ -135,46 +158,45 @@ def no_use_cache(model, prompt_ids, max_new_tokens, *, temperature=1.0, top_k=No
                     generator=generator, eos_id=eos_id)
 
 
-class Stub(KVCache):
-    def append(self, k, v):
-        raise NotImplementedError()
-
-
-MUTANTS = [
-    ((Grown, cached_forward, generate), "preallocate"),
-    ((Copies, cached_forward, generate), "returns a copy"),
-    ((NoOverflowError, cached_forward, generate), "accepts 4 positions"),
-    ((KeysOnlyBytes, cached_forward, generate), "nbytes"),
-    ((NoReset, cached_forward, generate), "reset()"),
-    ((KVCache, forward_with(restart=True), generate), "positions restart at 0"),
-    ((KVCache, forward_with(rotate_again=True), generate), "rotated again"),
-    ((KVCache, forward_with(mask="none"), generate), "no causal mask"),
-    ((KVCache, forward_with(mask="top-left"), generate), "aligned to the first key"),
-    ((KVCache, cached_forward, no_use_cache), "no use_cache argument"),
-    ((KVCache, cached_forward, generate_with(mode="uncached")), "the cache is not used"),
-    ((KVCache, cached_forward, generate_with(mode="whole")), "more than the newest token"),
-    ((KVCache, cached_forward, generate_with(mode="no window")), "does not slide the window"),
-    ((KVCache, cached_forward, generate_with(mode="stale")), "keeps the stale cache"),
-    ((KVCache, cached_forward, generate_with(mode="kept")), "keeps a cache across calls"),
-    ((KVCache, cached_forward, generate_with(eos=False)), "eos_id"),
-    ((Stub, cached_forward, generate), "not written yet"),
+GENERATE_MUTANTS = [
+    (no_use_cache, "no use_cache argument"),
+    (generate_with(mode="uncached"), "does not use the cache"),
+    (generate_with(mode="whole"), "more than the newest id"),
+    (generate_with(mode="no window"), "does not slide the window"),
+    (generate_with(mode="stale"), "keeps the stale cache"),
+    (generate_with(mode="kept"), "keeps a cache across calls"),
+    (generate_with(mode="always cached"), "use_cache=False still passes caches"),
+    (generate_with(mode="always greedy"), "pick each id from the last position's logits"),
+    (generate_with(eos=False), "eos_id"),
 ]
 
 
-def test_the_package_passes_with_one_line(capsys):
-    check(RIGHT)
+def test_the_package_generate_passes_with_one_line(capsys):
+    check_generate(generate)
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("✓ check_kv_cache")
+    assert len(lines) == 1 and lines[0].startswith("✓ check_generate")
 
 
-@pytest.mark.parametrize("mutant, phrase", MUTANTS, ids=[p for _, p in MUTANTS])
-def test_each_mistake_is_named(mutant, phrase):
-    assert_own_verdict(check, mutant, phrase, MUTANTS)
+def test_the_right_mutant_passes():
+    check_generate(generate_with())
 
 
-def test_the_phrases_are_distinct():
-    assert_phrases_distinct(MUTANTS)
+@pytest.mark.parametrize("mutant, phrase", GENERATE_MUTANTS, ids=[p for _, p in GENERATE_MUTANTS])
+def test_each_generate_mistake_is_named(mutant, phrase):
+    assert_own_verdict(check_generate, mutant, phrase, GENERATE_MUTANTS)
 
 
-def test_the_check_keeps_the_random_state():
-    assert_random_state_kept(check, RIGHT)
+def test_before_notebook_12_the_cache_part_waits(capsys):
+    """The student edition's notebook 10: its _new_cache finds notebook 12's KVCache still a stub and returns None."""
+    from transformer_from_scratch import transformer_lm
+
+    def stub_new_cache(model):
+        return None
+
+    original = transformer_lm._new_cache
+    transformer_lm._new_cache = stub_new_cache
+    try:
+        check_generate(generate)
+    finally:
+        transformer_lm._new_cache = original
+    assert "waits for your KVCache" in capsys.readouterr().out

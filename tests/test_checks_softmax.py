@@ -209,10 +209,6 @@ def backward_along_the_last_dim(p, g, dim):
     return p * (g - (g * p).sum(dim=-1, keepdim=True))
 
 
-def stub(x, dim):
-    raise NotImplementedError()
-
-
 MUTANTS = [
     (no_max_subtraction, "does not subtract the max"),
     (global_max, "max of the whole tensor"),
@@ -246,7 +242,6 @@ MUTANTS = [
     (backward_without_the_factor_p, "without multiplying by p"),
     (backward_with_the_sum_of_g, "subtracts the sum of g instead of"),
     (backward_along_the_last_dim, "a backward written by hand must return"),
-    (stub, "not written yet"),
 ]
 
 

@@ -168,14 +168,6 @@ def test_silu_half_precision_returned_as_float32_is_named():
         check_silu(half_to_float32)
 
 
-def test_silu_stub_is_not_written_yet():
-    def stub(x):
-        raise NotImplementedError()
-
-    with pytest.raises(AssertionError, match="not written yet"):
-        check_silu(stub)
-
-
 # ----------------------------------------------------------------------------------------- SwiGLU mutants
 
 
@@ -482,29 +474,3 @@ def test_an_object_instead_of_the_class_is_named():
     with pytest.raises(AssertionError, match="got a SwiGLU object, not the class"):
         check_swiglu(SwiGLU(8, 12))
 
-
-class InitStub(nn.Module):
-    def __init__(self, d_model, d_ff, device=None, dtype=None):
-        super().__init__()
-        raise NotImplementedError()
-
-
-class ForwardStub(SwiGLU):
-    def forward(self, x):
-        raise NotImplementedError()
-
-
-@pytest.mark.parametrize("stub", [InitStub, ForwardStub], ids=["__init__", "forward"])
-def test_a_swiglu_stub_is_not_written_yet(stub):
-    with pytest.raises(AssertionError, match="not written yet"):
-        check_swiglu(stub)
-
-
-def test_a_crash_names_what_crashed():
-    class Crashes(SwiGLU):
-        def forward(self, x):
-            raise RuntimeError("boom")
-
-    with pytest.raises(AssertionError) as error:
-        check_swiglu(Crashes)
-    assert "raised RuntimeError (boom)" in str(error.value).splitlines()[0]

@@ -237,11 +237,6 @@ class WrongSignature(TransformerLM):
         super().__init__(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, device, dtype)
 
 
-class Stub(TransformerLM):
-    def forward(self, token_ids, token_positions=None):
-        raise NotImplementedError()
-
-
 MUTANTS = [
     (ReturnsSoftmax, "returns probabilities"),
     (ReturnsLogSoftmax, "returns log-probabilities"),
@@ -271,7 +266,6 @@ MUTANTS = [
     (HeadNeverFilled, "TransformerLM.lm_head.weight is never initialised"),
     (Detached, "carry no gradient"),
     (WrongSignature, "signature is"),
-    (Stub, "not written yet"),
 ]
 
 

@@ -9,16 +9,20 @@ import nbformat
 import pytest
 from jupyter_client.manager import start_new_kernel
 
+from transformer_from_scratch import _project
+from transformer_from_scratch._project import repo_root
+from transformer_from_scratch.checks import _harness
 from transformer_from_scratch.nbtools import export
 from transformer_from_scratch.nbtools.export import ExportError, check_notebook, export_notebook, module_name
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = repo_root()
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 def make_repo(root: Path, cells: list[tuple[str, str]]) -> Path:
-    """A miniature repo: notebooks/01_demo.ipynb with the given cells, and an empty package folder."""
+    """A miniature repo: its pyproject.toml, notebooks/01_demo.ipynb with the given cells, and an empty package folder."""
     (root / "src" / "transformer_from_scratch").mkdir(parents=True)
+    (root / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
     (root / "notebooks").mkdir()
     nb = nbformat.v4.new_notebook()
     for i, (kind, source) in enumerate(cells):
@@ -242,3 +246,58 @@ def test_what_a_kernel_ran_wins_over_the_saved_notebook(demo):
 def test_package_matches_the_notebooks(notebook):
     """`make test` fails, naming the module, when src/ differs from what the notebooks export."""
     check_notebook(notebook)
+
+
+def test_the_repository_is_the_folder_that_holds_pyproject_toml(tmp_path):
+    assert (REPO / "pyproject.toml").is_file() and (REPO / "src" / "transformer_from_scratch").is_dir()
+    assert REPO == Path(__file__).resolve().parents[1]
+    assert repo_root(REPO / "src" / "transformer_from_scratch" / "checks" / "_harness.py") == REPO
+    notebook = make_repo(tmp_path / "course", DEMO)
+    assert repo_root(notebook) == repo_root(notebook.parent) == tmp_path / "course"
+    with pytest.raises(FileNotFoundError, match=r"no pyproject\.toml in .*outside.* or any folder above it"):
+        repo_root(tmp_path / "outside")
+
+
+def test_a_notebook_outside_any_repository_cannot_be_exported(tmp_path):
+    notebook = make_repo(tmp_path, DEMO)
+    (tmp_path / "pyproject.toml").unlink()
+    with pytest.raises(ExportError, match="no pyproject.toml"):
+        export_notebook(notebook, quiet=True)
+
+
+@pytest.mark.parametrize("student", [False, True], ids=["make export", "the learner's export cell"])
+def test_the_header_the_export_writes_is_the_one_the_checks_read(tmp_path, monkeypatch, student):
+    """One format per header (transformer_from_scratch._project): the export writes it, and the checks' stub verdict
+    (which asks whether a stub lies in an earlier notebook's module of the learner's) and make student read it."""
+    monkeypatch.setattr(export, "_ran_cells", {})
+    notebook = make_repo(tmp_path, DEMO)
+    if student:
+        (notebook.parent / "student" / "my_transformer").mkdir(parents=True)
+        (notebook.parent / "student" / "my_transformer" / "__init__.py").write_text("")
+        (notebook.parent / "student" / notebook.name).write_bytes(notebook.read_bytes())
+        notebook = notebook.parent / "student" / notebook.name
+    export_notebook(notebook, quiet=True)
+    text = export.module_path(notebook).read_text()
+    header = (_project.LEARNER_HEADER if student else _project.GENERATED_HEADER).format(notebook="01_demo.ipynb")
+    assert text.splitlines()[0] == header
+    assert _project.learner_notebook(text) == ("01_demo.ipynb" if student else None)
+    assert _project.generated_from(text) == (None if student else "01_demo.ipynb")
+
+
+def test_a_stub_in_a_module_the_learners_export_wrote_is_named_by_the_checks(tmp_path, monkeypatch):
+    """The other half of the header's round trip: a check that meets a stub in the learner's package (an earlier
+    notebook not written yet) names that notebook, from the header the export wrote."""
+    monkeypatch.setattr(export, "_ran_cells", {})
+    notebook = make_repo(tmp_path, [("code", "#| export\ndef double(x):\n    raise NotImplementedError()")])
+    student = notebook.parent / "student"
+    (student / "my_transformer").mkdir(parents=True)
+    (student / "my_transformer" / "__init__.py").write_text("")
+    (student / notebook.name).write_bytes(notebook.read_bytes())
+    export_notebook(student / notebook.name, quiet=True)
+    module = student / "my_transformer" / "demo.py"
+    namespace: dict = {}
+    exec(compile(module.read_text(), str(module), "exec"), namespace)
+    with pytest.raises(AssertionError) as error:
+        _harness.call("quadruple(2)", lambda x: 2 * namespace["double"](x), 2)
+    assert str(error.value).startswith("quadruple(2) is not written yet: it uses your double from 01_demo.ipynb, which "
+                                       "is still a stub: write it in 01_demo.ipynb and run its export cell"), error.value

@@ -27,6 +27,7 @@ import pytest
 from jupyterlab_server.workspaces_handler import WorkspacesManager
 
 import test_project
+from transformer_from_scratch._project import repo_root
 from transformer_from_scratch.nbtools.tidy import clean, dumps, opened
 
 try:
@@ -34,7 +35,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = repo_root()
 NOTEBOOK = "notebooks/01_linear.ipynb"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 TOKEN = secrets.token_hex(16)

@@ -11,11 +11,12 @@ four threads must be four on a 2-core machine too."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from transformer_from_scratch._project import repo_root
+
+REPO = repo_root()
 TRAINING_NOTEBOOKS = [path for path in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")) if int(path.name[:2]) >= 9]
 MACHINES = {
     "one thread": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},

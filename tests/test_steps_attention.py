@@ -45,10 +45,6 @@ def patched_after_the_softmax(scores, mask, V):
     return weights @ V
 
 
-def stub(*args, **kwargs):
-    raise NotImplementedError()
-
-
 def _in_place(scores, mask):
     return scores.masked_fill_(~mask, float("-inf"))
 
@@ -91,8 +87,6 @@ SCORES_MUTANTS = [
     (lambda Q, K: Q @ K / math.sqrt(Q.shape[-1]), "K is not transposed"),
     (lambda Q, K: K @ Q.transpose(-2, -1) / math.sqrt(Q.shape[-1]), "transposed (K Qᵀ)"),
     (lambda Q, K: Q @ K.T / math.sqrt(Q.shape[-1]), "K.T is used on a batched K"),
-    (lambda Q, K: 0.0, "not a tensor"),
-    (stub, "not written yet"),
 ]
 ATTEND_MUTANTS = [
     (lambda s, V: softmax(s, dim=-2) @ V, "over the queries"),
@@ -101,7 +95,6 @@ ATTEND_MUTANTS = [
     (_naive_softmax, "exp overflows"),
     (lambda s, V: softmax(s, dim=-1).transpose(-2, -1) @ V, "the weights are transposed"),
     (lambda s, V: softmax(s, dim=-1), "returns the weights"),
-    (stub, "not written yet"),
 ]
 MASK_MUTANTS = [
     (lambda s, mask: s.masked_fill(mask, float("-inf")), "polarity is inverted"),
@@ -111,7 +104,6 @@ MASK_MUTANTS = [
     (lambda s, mask: s.masked_fill(~mask, float("inf")), "+inf"),
     (lambda s, mask: s, "the mask is ignored"),
     (_in_place, "changed in place"),
-    (stub, "not written yet"),
 ]
 MASK_ALSO = [(_assigned, "changed in place"), (lambda s, mask: s * mask, "multiplied by the mask")]
 MASKED_MUTANTS = [
@@ -122,7 +114,6 @@ MASKED_MUTANTS = [
     (_additive_then_patched, "the scores' gradient has NaN"),
     (_inverted_no_key, "DO have an allowed key"),
     (_no_keepdim, "do not broadcast"),
-    (stub, "not written yet"),
 ]
 
 

@@ -89,10 +89,6 @@ def greedy_with_cache(step, prompt_ids, max_new_tokens, context_length, *, resta
     return ids if with_prompt else ids[len(prompt_ids):]
 
 
-def stub(*args, **kwargs):
-    raise NotImplementedError()
-
-
 def variant(fn, **knobs):
     return lambda *args: fn(*args, **knobs)
 
@@ -140,7 +136,6 @@ APPEND_MUTANTS = [
     (_swapped, "swapped"),
     (_clone, "returns copies"),
     (_values_twice, "other numbers than the buffers"),
-    (stub, "not written yet"),
 ]
 
 # --- Step 2 · causal_mask_with_cache ---------------------------------------------------------------------------
@@ -152,7 +147,6 @@ MASK_MUTANTS = [
     (lambda new, total: ~causal_mask_with_cache(new, total), "polarity"),
     (lambda new, total: torch.ones(new, total, dtype=torch.bool).tril(total - new - 1), "its own key"),
     (lambda new, total: causal_mask_with_cache(new, total).float(), "not bool"),
-    (stub, "not written yet"),
 ]
 
 # --- Step 3 · attention_step ------------------------------------------------------------------------------------
@@ -167,7 +161,6 @@ ATTENTION_MUTANTS = [
     (variant(attention_step, rotate_values=True), "values are rotated"),
     (variant(attention_step, new_keys_only=True), "new keys only"),
     (variant(attention_step, before_rope=True), "before RoPE"),
-    (stub, "not written yet"),
 ]
 
 # --- Step 4 · lm_step -------------------------------------------------------------------------------------------
@@ -179,7 +172,6 @@ LM_MUTANTS = [
     (variant(lm_step, residual="none"), "residual is missing"),
     (variant(lm_step, residual="normed"), "residual is taken from the normed input"),
     (variant(lm_step, last_only=True), "last new token only"),
-    (stub, "not written yet"),
 ]
 
 # --- Step 5 · greedy_with_cache ----------------------------------------------------------------------------------
@@ -191,7 +183,6 @@ GREEDY_MUTANTS = [
     (variant(greedy_with_cache, stale=True), "stale cache is kept"),
     (variant(greedy_with_cache, first_window=True), "the window stays at the start of the text"),
     (variant(greedy_with_cache, with_prompt=True), "returns the prompt too"),
-    (stub, "not written yet"),
 ]
 
 ALL = [(check_append_to_cache, append_to_cache, APPEND_MUTANTS),

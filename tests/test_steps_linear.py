@@ -48,16 +48,11 @@ def not_centred(d_out, d_in, std, generator=None):
     return init_weight(d_out, d_in, std, generator) + std
 
 
-def stub(*args, **kwargs):
-    raise NotImplementedError("apply_weight is not written yet")
-
-
 APPLY_MUTANTS = [
     (lambda x, W: x @ W, "without its transpose"),
     (lambda x, W: x @ W.reshape(W.shape[1], W.shape[0]), "reshaped to (d_in, d_out)"),
     (lambda x, W: x.reshape(-1, x.shape[-1]) @ W.T, "the leading dimensions are lost"),
     (lambda x, W: F.linear(x, W), "calls PyTorch's own F.linear"),
-    (stub, "not written yet"),
 ]
 STD_MUTANTS = [
     (lambda i, o: 2 / (i + o), "returns the variance"),

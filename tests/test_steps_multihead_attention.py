@@ -62,10 +62,6 @@ def _mutant(**knobs):
         x, projections, num_heads, rope, token_positions, **knobs)
 
 
-def stub(*args, **kwargs):
-    raise NotImplementedError()
-
-
 SPLIT_MUTANTS = [
     (lambda t, h: t.reshape(*t.shape[:-2], h, t.shape[-2], -1), "without the transpose"),
     (lambda t, h: rearrange(t, "... s (d h) -> ... h s d", h=h), "every num_heads-th feature"),
@@ -74,7 +70,6 @@ SPLIT_MUTANTS = [
     (lambda t, h: t.view(*t.shape[:-1], h, -1).transpose(1, 2), "fixed axes (1, 2)"),
     (lambda t, h: t.reshape(*t.shape[:-1], h, -1).permute(0, 2, 1, 3), "names every axis by its position"),
     (lambda t, h: split_heads(t, h) * 2, "differs from the expected result"),
-    (stub, "not written yet"),
 ]
 
 
@@ -90,7 +85,6 @@ MERGE_MUTANTS = [
     (lambda t: t.transpose(-3, -2), "not flattened back"),
     (fixed_axes_merge, "fixed axes (1, 2)"),
     (lambda t: t.permute(0, 2, 1, 3).reshape(t.shape[0], t.shape[2], -1), "names every axis by its position"),
-    (stub, "not written yet"),
 ]
 
 MASK_MUTANTS = [
@@ -102,7 +96,6 @@ MASK_MUTANTS = [
     (lambda seq, device=None: causal_mask(seq).int(), "has dtype torch.int32"),
     (lambda seq, device=None: causal_mask(seq), "ignores its device argument"),
     (lambda seq, device=None: causal_mask(seq + 1, device), "expected (5, 5)"),
-    (stub, "not written yet"),
 ]
 
 
@@ -146,7 +139,6 @@ ROTATE_MUTANTS = [
     (lambda rope, q, k, token_positions=None: rotate_heads(rope, q, k, None if token_positions is None else
                                                            token_positions.unsqueeze(-1)),
      "in the shape they are given"),
-    (stub, "not written yet"),
 ]
 
 
@@ -188,7 +180,6 @@ DRAFT_MUTANTS = [
     (_mutant(attend=scaled_by_d_model), "1/√d_model"),
     (_mutant(rotate=without_head_axis), "do not fit (batch, heads"),
     (rope_even_if_none, "calls rope when it is None"),
-    (stub, "not written yet"),
 ]
 
 

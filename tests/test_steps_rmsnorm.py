@@ -27,10 +27,6 @@ def rsqrt_style(x, gain, eps=1e-5):  # the final class's way: x times 1/RMS, in 
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * gain.to(compute)).to(x.dtype)
 
 
-def stub(*args, **kwargs):
-    raise NotImplementedError()
-
-
 def _centred(x):
     return x - x.mean(dim=-1, keepdim=True)
 
@@ -46,8 +42,6 @@ RMS_MUTANTS = [
     (lambda x, eps: torch.sqrt(x.pow(2).sum(dim=-1, keepdim=True) + eps), "summed, not averaged"),
     (lambda x, eps: torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps), "1 / RMS"),
     (lambda x, eps: x.pow(2).mean(dim=-1, keepdim=True) + eps, "square root is missing"),
-    (lambda x, eps: 1.0, "not a tensor"),
-    (stub, "not written yet"),
 ]
 RMS_ALSO = [  # the same mistake written another way
     (lambda x, eps: x.std(dim=-1, keepdim=True) + eps, "x.var or x.std"),
@@ -64,7 +58,6 @@ NORM_MUTANTS = [
     (lambda x, g, eps=1e-5: x / rms(x, eps) @ g, "applied with @"),
     (lambda x, g, eps=1e-5: x / rms(x, 1e-5) * g, "not passed on"),
     (lambda x, g, eps=1e-5: F.rms_norm(x, x.shape[-1:], g, eps=eps), "calls PyTorch's own F.rms_norm"),
-    (stub, "not written yet"),
 ]
 
 
@@ -90,7 +83,6 @@ UPCAST_MUTANTS = [
      else rms_norm(x, g), "not passed on to your rms_norm"),
     (lambda x, g, eps=1e-5: F.rms_norm(x.float(), x.shape[-1:], g.float(), eps=eps).to(x.dtype),
      "calls PyTorch's own F.rms_norm"),
-    (stub, "not written yet"),
 ]
 
 

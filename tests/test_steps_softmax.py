@@ -47,33 +47,6 @@ def by_hand(forward_saves="p", backward_returns_none=True, keeps_dim=True, extra
     return SoftmaxByHand
 
 
-def stub(*args, **kwargs):
-    raise NotImplementedError()
-
-
-class StubForward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim):
-        raise NotImplementedError()
-
-    @staticmethod
-    def backward(ctx, g):
-        raise NotImplementedError()
-
-
-class StubBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim):
-        p = stable_softmax(x, dim)
-        ctx.save_for_backward(p)
-        ctx.dim = dim
-        return p
-
-    @staticmethod
-    def backward(ctx, g):
-        raise NotImplementedError()
-
-
 class CallsTorchSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dim):
@@ -102,7 +75,6 @@ NAIVE_MUTANTS = [
     (stable_softmax, "already subtracts the max"),
     (lambda x, dim: torch.softmax(x, dim), "calls PyTorch's own torch.softmax"),
     (lambda x, dim: F.softmax(x, dim=dim), "calls PyTorch's own F.softmax"),
-    (stub, "not written yet"),
 ]
 
 STABLE_MUTANTS = [
@@ -114,7 +86,6 @@ STABLE_MUTANTS = [
     (lambda x, dim: stable_softmax(x, -1), "normalises along dim=-1 when asked for dim=0"),
     (in_place, "changes its input x in place"),
     (lambda x, dim: x.softmax(dim), "calls PyTorch's own x.softmax"),
-    (stub, "not written yet"),
 ]
 
 BACKWARD_MUTANTS = [
@@ -123,7 +94,6 @@ BACKWARD_MUTANTS = [
     (lambda p, g, dim: p * (g - g.sum(dim=dim, keepdim=True)), "sums g, not g ⊙ p"),
     (lambda p, g, dim: p * (g - (g * p).sum(dim=dim)), "no keepdim=True"),
     (lambda p, g, dim: p * (g - (g * p).sum()), "over every element"),
-    (stub, "not written yet"),
 ]
 
 BY_HAND_MUTANTS = [
@@ -133,8 +103,6 @@ BY_HAND_MUTANTS = [
     (by_hand(extra_save=True), "saves 2 tensors"),
     (by_hand(unpacks=False), "a tuple, as if it were p"),
     (CallsTorchSoftmax, "calls PyTorch's own torch.softmax"),
-    (StubForward, "not written yet (StubForward.forward raises"),
-    (StubBackward, "not written yet (StubBackward.backward raises"),
 ]
 
 

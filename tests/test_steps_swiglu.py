@@ -27,10 +27,6 @@ def hidden_width(d_model, multiple_of=64):
     return math.ceil(8 * d_model / 3 / multiple_of) * multiple_of
 
 
-def stub(*args, **kwargs):
-    raise NotImplementedError()
-
-
 def in_place(z):
     return z.mul_(1 / (1 + torch.exp(-z)))
 
@@ -46,7 +42,6 @@ SILU_MUTANTS = [
     (lambda z: F.silu(z), "silu_draft calls F.silu"),
     (lambda z: silu_draft(z).sum(), "returned shape"),
     (lambda z: z / (1 + math.exp(-z)), "uses math.exp"),
-    (stub, "not written yet"),
     (lambda z: z / (2 + torch.exp(-z)), "differs from the expected result"),
 ]
 
@@ -61,7 +56,6 @@ GATED_MUTANTS = [
     (lambda a, b, act: torch.sigmoid(a) * b, "ignores its activation argument"),
     (lambda a, b, act: act(a) @ b.transpose(-1, -2), "returned shape"),
     (lambda a, b, act: act(a) @ b, "uses a matrix product"),
-    (stub, "not written yet"),
 ]
 
 
@@ -101,7 +95,6 @@ DRAFT_MUTANTS = [
     (_draft(down=lambda h, W2: h @ W2), "W2 is applied without its transpose"),
     (_draft(gate=lambda a, b: F.silu(a) * b), "calls PyTorch's own F.silu"),
     (crashes_unless_square, "crashes on a shape mismatch"),
-    (stub, "not written yet"),
 ]
 
 HIDDEN_MUTANTS = [
@@ -116,7 +109,6 @@ HIDDEN_MUTANTS = [
     (lambda d, multiple_of=64: float(hidden_width(d, multiple_of)), "must be an int"),
     (lambda d, multiple_of=64: str(hidden_width(d, multiple_of)), "not a number"),
     (lambda d, multiple_of=64: 0, "returned 0, expected"),
-    (stub, "not written yet"),
 ]
 
 

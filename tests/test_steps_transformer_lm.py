@@ -64,10 +64,6 @@ def generation_loop(model, prompt_ids, max_new_tokens, pick, eos_id=None):
     return ids[len(prompt_ids):]
 
 
-def stub(*args, **kwargs):
-    raise NotImplementedError()
-
-
 # --- Step 1 · make_parts -----------------------------------------------------------------------------------
 
 def _parts(embedding=None, layers=None, norm=None, head=None):
@@ -114,7 +110,6 @@ PARTS_MUTANTS = [
     (_parts(norm=lambda *sizes: None), "not an RMSNorm"),
     (_tied, "tied"),
     (lambda *sizes: make_parts(*sizes)[:3], "not the four parts"),
-    (stub, "not written yet"),
 ]
 
 
@@ -147,7 +142,6 @@ FORWARD_MUTANTS = [
     (_forward(chain="discarded"), "thrown away"),
     (_forward(chain="residual twice"), "the residual is added twice"),
     (_forward(chain="embeddings"), "every block reads the embeddings"),
-    (stub, "not written yet"),
 ]
 
 
@@ -169,7 +163,6 @@ FLOPS_MUTANTS = [
     (lambda V, t, d, L, f: forward_flops(V, t, d, 1, f), "those of one block"),
     (lambda *a: dict(list(forward_flops(*a).items())[:3]), "the keys"),
     (_flops(FFN=lambda V, t, d, L, f: 7), "expected"),
-    (stub, "not written yet"),
 ]
 
 
@@ -216,7 +209,6 @@ TEMPERATURE_MUTANTS = [
     (_greedy("share"), "tied maxima share"),
     (_greedy("last"), "the last of tied maxima"),
     (_in_place, "in place"),
-    (stub, "not written yet"),
 ]
 
 
@@ -278,7 +270,6 @@ TOP_K_MUTANTS = [
     (_top_k(one_row=True), "fails on a batch of rows"),
     (_top_k(in_place=True), "in place"),
     (_tiny_not_zero, "a tiny probability"),
-    (stub, "not written yet"),
 ]
 TOP_P_MUTANTS = [
     (_top_p(rule="crossing"), "keeps no token at all"),
@@ -290,7 +281,6 @@ TOP_P_MUTANTS = [
     (_top_p(renormalise="batch"), "over the whole batch"),
     (_top_p(sorted_out=True), "returns the probabilities sorted"),
     (_top_p(in_place=True), "in place"),
-    (stub, "not written yet"),
 ]
 
 
@@ -322,7 +312,6 @@ LOOP_MUTANTS = [
     (_loop(eos="never"), "does not stop at eos_id"),
     (_loop(eos="before"), "stops before eos_id"),
     (_loop(batch=False), "expects ids of shape (1, seq)"),
-    (stub, "not written yet"),
 ]
 
 

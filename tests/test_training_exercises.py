@@ -72,10 +72,6 @@ def every_entry(optimizer):
     return sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values())
 
 
-def stub(optimizer):
-    raise NotImplementedError("write state_bytes")
-
-
 def empty_is_one(optimizer):
     return state_bytes(optimizer) or 1
 
@@ -86,7 +82,6 @@ def empty_is_one(optimizer):
     (one_tensor_each, "one tensor of each parameter's state"),
     (first_parameter, "the first parameter's state only"),
     (every_entry, "the step count is an int"),
-    (stub, "not written yet"),
     (empty_is_one, "no state yet"),
 ])
 def test_each_state_bytes_mistake_is_named(wrong, message):

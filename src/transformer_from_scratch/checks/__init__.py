@@ -24,6 +24,7 @@ from .swiglu import check_silu, check_swiglu
 from .transformer_block import check_transformer_block
 from .transformer_lm import check_transformer_lm
 from .kv_cache import check_kv_cache
+from .generate import check_generate
 from .training import (check_adamw, check_checkpoint, check_cross_entropy, check_get_batch, check_gradient_clipping,
                        check_lr_cosine_schedule)
 
@@ -40,6 +41,7 @@ __all__ = [
     "check_transformer_block",
     "check_transformer_lm",
     "check_kv_cache",
+    "check_generate",
     "check_cross_entropy",
     "check_adamw",
     "check_lr_cosine_schedule",

@@ -4,12 +4,26 @@ with one line.
 The contract (see ``checks/__init__.py``): a check returns ``None`` and prints one line when the learner's
 component is right; when it is wrong it raises ``AssertionError`` whose *first line* names the most likely
 mistake and how to fix it. Later lines may add evidence (expected and actual numbers).
+
+The generic verdicts are written here once, and every check (``checks/<module>.py``, ``checks/steps/<module>.py``)
+reaches the learner's code through them, so that each check module holds only its component's own diagnoses:
+
+* ``call`` (and ``attempt``, which hands a crash back for a closer look): a stub that still raises
+  ``NotImplementedError`` is "not written yet"; any other error of the learner's code is "<what> raised <Error>",
+  chained so that its traceback stays visible (``nbtools.failures`` shows the learner's frames);
+* ``expect_tensor``: what came back is a tensor, on the inputs' device, of the expected shape and dtype;
+* ``check_signature``, ``check_parameters``, ``check_device_and_dtype``, ``check_initialised``,
+  ``refuse_instance``: a component's interface, as CONTRACT.md fixes it;
+* ``diagnose``: the right answer in the right dtype, else the first classic mistake it matches (each check lists its
+  own).
+
+``tests/test_checks_generic.py`` plants each generic mistake in every check, once.
 """
 
 from __future__ import annotations
 
 import inspect
-import re
+import math
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +33,16 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from .._project import learner_notebook
+
 STUB_FIX = "replace the `raise NotImplementedError(...)` line under '# YOUR CODE HERE' with your code, run that cell, then this one"
+CRASH_FIX = "read the error below and fix that line first"
+DEVICE_FIX = ("keep the result on its inputs' device: create every new tensor there (device=x.device, "
+              "torch.zeros_like(x), x.new_zeros(...)), with no .cpu(), .cuda() or .to(...) of another device")
+DTYPE_FIX = ("keep the inputs' dtype: no .float(), .double() or .to(...) of another dtype, and make every new "
+             "tensor in it (dtype=x.dtype, torch.zeros_like(x))")
+CHECKS_DIR = Path(__file__).parent
+_TORCH_DIR = Path(torch.__file__).parent
 
 
 def fail(mistake: str, fix: str, evidence: str = "") -> NoReturn:
@@ -28,48 +51,119 @@ def fail(mistake: str, fix: str, evidence: str = "") -> NoReturn:
     raise AssertionError(message + (f"\n{evidence}" if evidence else ""))
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (what a verdict quotes of it)."""
+    return (str(error).strip().splitlines() or [""])[0]
+
+
+def _last_frame(error: BaseException) -> Any:
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return None if tb is None else tb.tb_frame
+
+
+def _inside(filename: str, folder: Path) -> bool:
+    return Path(filename).is_relative_to(folder)
+
+
+def is_verdict(error: BaseException) -> bool:
+    """Whether ``error`` is a check's verdict (an ``AssertionError`` raised in ``checks/``), not an error of the
+    learner's code (their own ``assert`` included)."""
+    frame = _last_frame(error)
+    return isinstance(error, AssertionError) and frame is not None and _inside(frame.f_code.co_filename, CHECKS_DIR)
+
+
+def crashed(what: str, error: BaseException) -> NoReturn:
+    """The verdict for a crash of the learner's code: what was called, the error's type and first line; the error is
+    chained, so that its traceback stays visible."""
+    raise AssertionError(f"{what} raised {type(error).__name__} ({first_line(error)}): {CRASH_FIX}.") from error
+
+
+def crash_of(verdict: AssertionError) -> BaseException | None:
+    """The learner's error behind a crash verdict of ``call`` (so that a check can name its classic cause); None for
+    a stub or any other verdict."""
+    cause = verdict.__cause__
+    return None if cause is None or isinstance(cause, NotImplementedError) else cause
+
+
+def not_written(what: str, error: NotImplementedError) -> NoReturn:
+    """The verdict for a stub that still raises ``NotImplementedError``."""
+    fail(*_stub_verdict(what, error))
+
+
+def attempt(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Exception | None]:
+    """``(fn(*args, **kwargs), None)``, or ``(None, error)`` when the learner's code raises, for a check that names a
+    crash's classic cause itself. A stub still fails as "not written yet"; a check's own verdict goes through."""
+    try:
+        return fn(*args, **kwargs), None
+    except NotImplementedError as error:
+        not_written(what, error)
+    except Exception as error:  # noqa: BLE001 - any error of the learner's code goes back to the caller
+        if is_verdict(error):
+            raise
+        return None, error
+
+
 def call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)``, turning a stub or a crash into a verdict that names ``what`` was called.
 
     A ``NotImplementedError`` means the learner has not written that part yet. Any other exception is
     reported with its type and first line; the original is chained, so its traceback stays visible.
     """
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError as error:
-        fail(*_stub_verdict(what, error))
-    except AssertionError:
-        raise
-    except Exception as error:  # noqa: BLE001 - any crash of the learner's code becomes a verdict
-        first = (str(error).strip().splitlines() or [""])[0]
-        raise AssertionError(
-            f"{what} raised {type(error).__name__} ({first}): read the error below and fix that line first."
-        ) from error
+    out, error = attempt(what, fn, *args, **kwargs)
+    if error is not None:
+        crashed(what, error)
+    return out
+
+
+def construct(name: str, impl: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``impl(*args, **kwargs)`` through ``call``, shown as ``Name(12, 3, dtype=torch.float64)``."""
+    shown = ", ".join([repr(a) for a in args] + [f"{key}={value!r}" for key, value in kwargs.items()])
+    return call(f"{name}({shown})", impl, *args, **kwargs)
 
 
 def _stub_verdict(what: str, error: NotImplementedError) -> tuple[str, str]:
-    """Name the stub that raised: the learner's own, or one in another notebook's module it builds on."""
-    tb = error.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    if tb is None:
+    """Name the stub that raised: the learner's own function (``Linear.forward``), or one in another notebook's
+    module that it builds on; ``what`` was called when the error came from elsewhere (PyTorch, a lambda)."""
+    frame = _last_frame(error)
+    if frame is None:
         return f"{what} is not written yet (it raises NotImplementedError)", STUB_FIX
-    code = tb.tb_frame.f_code
-    where = getattr(code, "co_qualname", code.co_name)
-    path = Path(code.co_filename)
-    source = re.match(r"# Written from your (\S+\.ipynb)", path.read_text(encoding="utf-8", errors="replace")) \
-        if path.is_file() else None
-    if source is None:  # the stub is in the cell being checked
-        return f"{what} is not written yet ({where} raises NotImplementedError)", STUB_FIX
-    notebook = source.group(1)
-    return (f"{what} is not written yet: it uses your {where} from {notebook}, which is still a stub",
-            f"write it in {notebook} and run its export cell, or continue with the course's version: "
-            f'export_notebook("{notebook}", reference=True) there')
+    code = frame.f_code
+    where = getattr(code, "co_qualname", code.co_name).rsplit("<locals>.", 1)[-1]
+    notebook = _written_from(code.co_filename)
+    if notebook is not None:
+        return (f"{what} is not written yet: it uses your {where} from {notebook}, which is still a stub",
+                f"write it in {notebook} and run its export cell, or continue with the course's version: "
+                f'export_notebook("{notebook}", reference=True) there')
+    if where.split(".")[-1] in ("<module>", "<lambda>") or any(
+            _inside(code.co_filename, folder) for folder in (_TORCH_DIR, CHECKS_DIR)):
+        where = what
+    return f"{where} is not written yet (it raises NotImplementedError)", STUB_FIX
+
+
+def _written_from(filename: str) -> str | None:
+    """The learner's notebook whose export cell wrote this file (my_transformer/<module>.py), read from its header."""
+    try:
+        with open(filename, encoding="utf-8", errors="replace") as file:
+            return learner_notebook(file.readline())
+    except OSError:  # a notebook cell, or no file at all
+        return None
 
 
 def passed(message: str) -> None:
     """The one line a check prints when everything it checked is right."""
     print(f"✓ {message}")
+
+
+def truncated_std(cut: float) -> float:
+    """The standard deviation of N(0, 1) truncated to [-cut, cut]: what the recipe's initialisations measure."""
+    inside = math.erf(cut / math.sqrt(2))
+    density = math.exp(-cut * cut / 2) / math.sqrt(2 * math.pi)
+    return math.sqrt(1 - 2 * cut * density / inside)
+
+
+TRUNCATED_STD = truncated_std(3.0)  # 0.98658: N(0, σ²) cut at ±3σ has a std of 0.987 σ
 
 
 def generator(seed: int = 0) -> torch.Generator:
@@ -86,7 +180,7 @@ _TOLERANCES = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
 def close(actual: torch.Tensor, expected: torch.Tensor, *, rtol: float | None = None, atol: float | None = None) -> bool:
     """True when the two tensors have the same shape and agree to the expected dtype's usual tolerance
     (that of ``torch.testing.assert_close``; NaN equals NaN)."""
-    if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape:
+    if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape or actual.is_meta:
         return False
     default_rtol, default_atol = _TOLERANCES.get(expected.dtype, (0.0, 0.0))
     actual = actual.detach().to(device="cpu", dtype=expected.dtype)
@@ -124,16 +218,43 @@ def check_gradients(name: str, what: str, out: torch.Tensor, x: torch.Tensor, up
              "do not detach x or any intermediate result", f"on {what}")
 
 
-def expect_tensor(what: str, out: Any, shape: tuple[int, ...], fix: str, *,
-                  dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``out`` as a tensor of ``shape`` (and ``dtype``, if given); otherwise fail, saying what came back and ``fix``."""
+def expect_tensor(what: str, out: Any, shape: Sequence[int] | None = None, fix: str = "", *,
+                  dtype: torch.dtype | None = None, device: str | torch.device | None = "cpu",
+                  returns: str | None = None) -> torch.Tensor:
+    """``out`` as a tensor on ``device`` (where the checks make their inputs), of ``shape`` and ``dtype`` where given;
+    otherwise fail, saying what came back, with ``fix`` (``returns``, if given, when it is not a tensor at all)."""
     if not isinstance(out, torch.Tensor):
-        fail(f"{what} returned {describe(out)}, not a tensor", fix)
-    if tuple(out.shape) != tuple(shape):
+        fail(f"{what} returned {describe(out)}, not a tensor", returns or fix)
+    if device is not None and out.device.type != torch.device(device).type:
+        fail(f"{what} returned a tensor on {out.device}, not on {torch.device(device)} like its inputs", DEVICE_FIX)
+    if shape is not None and tuple(out.shape) != tuple(shape):
         fail(f"{what} returned shape {tuple(out.shape)}, expected {tuple(shape)}", fix)
     if dtype is not None and out.dtype != dtype:
         fail(f"{what} returned {out.dtype}, expected {dtype}", fix)
     return out
+
+
+def call_for_tensor(what: str, fn: Callable[..., Any], *args: Any, shape: Sequence[int] | None = None, fix: str = "",
+                    dtype: torch.dtype | None = None, device: str | torch.device | None = "cpu",
+                    returns: str | None = None) -> torch.Tensor:
+    """``fn(*args)`` through ``call``, then ``expect_tensor`` on what it returned: the one step most checks take."""
+    return expect_tensor(what, call(what, fn, *args), shape, fix, dtype=dtype, device=device, returns=returns)
+
+
+def expect_like(what: str, out: Any, x: torch.Tensor, *, returns: str, shape_fix: str,
+                dtype_fix: str = "keep the input's dtype (no .float() inside)") -> torch.Tensor:
+    """``out`` as a tensor of the input ``x``'s shape and dtype (a layer that maps (..., d) to (..., d))."""
+    out = expect_tensor(what, out, returns=returns)
+    if out.shape != x.shape:
+        fail(f"{what} returned shape {tuple(out.shape)}, expected {tuple(x.shape)} (the input's shape)", shape_fix)
+    if out.dtype != x.dtype:
+        fail(f"{what} returned {out.dtype} for a {x.dtype} input", dtype_fix)
+    return out
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``float32`` for ``torch.float32``."""
+    return str(dtype).removeprefix("torch.")
 
 
 Variants = Sequence[tuple[Any, str, str]]
@@ -145,16 +266,23 @@ def diagnose(what: str, out: torch.Tensor, expected: torch.Tensor, variants: Var
 
     ``variants`` are the classic mistakes, each ``(wrong, mistake, fix)``: ``wrong`` is what the mistake computes (a
     tensor, or a callable that returns one, so that a costly variant is only computed when needed). A variant that
-    happens to equal the right answer on these inputs is skipped. Without a match: "<what> differs from the expected
-    result by up to …" and ``fix``, with ``evidence`` on the next line.
+    happens to equal the right answer on these inputs, or cannot run on them (a RuntimeError), is skipped. Without a
+    match: "<what> returned <dtype>, expected <dtype>" when ``out`` is not in ``expected``'s dtype (the inputs' dtype,
+    where the check computes ``expected`` from them), else "<what> differs from the expected result by up to …" and
+    ``fix``, with ``evidence`` on the next line.
     """
     tolerance = dict(rtol=rtol, atol=atol)
-    if close(out, expected, **tolerance):
+    if close(out, expected, **tolerance) and out.dtype == expected.dtype:
         return
     for wrong, mistake, variant_fix in variants:
-        wrong = wrong() if callable(wrong) else wrong
+        try:
+            wrong = wrong() if callable(wrong) else wrong
+        except RuntimeError:  # that mistake cannot run on these shapes, so it is not the learner's
+            continue
         if not close(wrong, expected, **tolerance) and close(out, wrong, **tolerance):
             fail(mistake, variant_fix, f"on {what}: yours matches that mistake" + (f"; {evidence}" if evidence else ""))
+    if out.dtype != expected.dtype:
+        fail(f"{what} returned {out.dtype}, expected {expected.dtype}", DTYPE_FIX, evidence)
     if out.shape == expected.shape:
         difference = (out.detach().cpu().to(expected.dtype) - expected.cpu()).abs().nan_to_num(nan=float("inf")).max().item()
         fail(f"{what} differs from the expected result by up to {difference:.3g}", fix, evidence)
@@ -166,6 +294,14 @@ def describe(t: Any) -> str:
     if isinstance(t, torch.Tensor):
         return f"a {t.dtype} tensor of shape {tuple(t.shape)}"
     return f"a {type(t).__name__}"
+
+
+def refuse_instance(impl: Any, check: str) -> None:
+    """Fail when ``check`` (a component's check) was handed an object of the class instead of the class itself."""
+    if isinstance(impl, nn.Module):
+        name = type(impl).__name__
+        article = "an" if name[:1] in "AEIOU" or (name[:2].isupper() and name[:1] in "FHLMNRSX") else "a"
+        fail(f"{check} got {article} {name} object, not the class", f"pass the class itself: {check}({name})")
 
 
 def check_signature(impl: Callable[..., Any], expected: Sequence[str], name: str) -> None:
@@ -204,8 +340,9 @@ def check_parameters(module: nn.Module, expected: dict[str, tuple[int, ...]], na
              "register constant tables with register_buffer(..., persistent=False)")
 
 
-def check_device_and_dtype(make: Callable[..., nn.Module], name: str) -> None:
-    """``make(device=..., dtype=...)`` creates every parameter there.
+def check_device_and_dtype(make: Callable[..., nn.Module], name: str, fix: str | None = None) -> None:
+    """``make(device=..., dtype=...)`` creates every parameter there (``fix``: how to pass both on, if the generic
+    advice is not the component's).
 
     Uses the ``meta`` device (shapes without memory), so it works on a machine without a GPU.
     """
@@ -213,14 +350,23 @@ def check_device_and_dtype(make: Callable[..., nn.Module], name: str) -> None:
     wrong = [key for key, p in module.named_parameters() if p.dtype != torch.float64]
     if wrong:
         fail(f"{name} ignores its dtype argument ({wrong[0]} is {dict(module.named_parameters())[wrong[0]].dtype})",
-             "pass dtype=dtype on to everything you create: torch.empty(..., dtype=dtype) for a parameter, "
+             fix or "pass dtype=dtype on to everything you create: torch.empty(..., dtype=dtype) for a parameter, "
              "Linear(..., dtype=dtype) for a submodule")
     module = call(f"{name}(..., device='meta')", make, device="meta")
     wrong = [key for key, p in module.named_parameters() if p.device.type != "meta"]
     if wrong:
         fail(f"{name} ignores its device argument ({wrong[0]} was created on {dict(module.named_parameters())[wrong[0]].device})",
-             "pass device=device on to everything you create: torch.empty(..., device=device) for a parameter, "
+             fix or "pass device=device on to everything you create: torch.empty(..., device=device) for a parameter, "
              "Linear(..., device=device) for a submodule")
+
+
+def check_buffers_device(make: Callable[..., nn.Module], name: str, fix: str) -> None:
+    """``make(device="meta")`` creates its buffers (RoPE's tables) on the meta device too; ``fix`` says how."""
+    module = call(f"{name}(..., device='meta')", make, device="meta")
+    elsewhere = {key: buffer.device for key, buffer in module.named_buffers() if buffer.device.type != "meta"}
+    if elsewhere:
+        key = next(iter(elsewhere))
+        fail(f"{name}(..., device='meta') creates RoPE's table {key} on {elsewhere[key]}", fix)
 
 
 @contextmanager

@@ -7,11 +7,10 @@ import math
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .. import reference
-from ._harness import call, call_without_builtins, check_signature, close, describe, fail, generator, passed
+from ._harness import call, call_without_builtins, check_signature, close, expect_tensor, fail, generator, passed
 
 _NAME = "scaled_dot_product_attention"
 _SDPA = reference.SDPA  # the built-in, as imported: what the check watches for
@@ -161,9 +160,7 @@ def _run(impl: Callable[..., Any], Q: Tensor, K: Tensor, V: Tensor, mask: Tensor
     """The learner's output, checked to be one tensor of shape (..., n, d_v) in Q's dtype."""
     what = f"{_NAME}({_shapes(Q, K, V, mask)})"
     out = call(what, impl, Q, K, V) if mask is None else call(what, impl, Q, K, V, mask)
-    if not isinstance(out, Tensor):
-        fail(f"{what} returned {describe(out)}, not a tensor",
-             "return only the output, weights @ V (no tuple with the weights)")
+    expect_tensor(what, out, returns="return only the output, weights @ V (no tuple with the weights)")
     *leading, n, _ = Q.shape
     m, d_v = V.shape[-2:]
     expected = (*leading, n, d_v)

@@ -4,25 +4,31 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ._harness import (
-    STUB_FIX,
+    TRUNCATED_STD,
     BuiltinSpy,
-    check_initialised,
+    attempt,
+    call,
     check_device_and_dtype,
+    check_initialised,
     check_parameters,
     check_signature,
     close,
+    construct,
     describe,
+    expect_tensor,
     fail,
+    first_line,
     generator,
     passed,
     refuse_builtins,
+    truncated_std,
 )
 
 NAME = "Embedding"
@@ -34,60 +40,17 @@ LEADING_SHAPES = [(7,), (), (1,), (2, 5), (2, 3, 4)]
 INIT_SIZE = (512, 64)  # 32,768 entries: the std to about ±0.004, and some entries within 0.1 of the cut
 
 
-def _truncated_std(cut: float) -> float:
-    """Standard deviation of N(0, 1) truncated to [-cut, cut]."""
-    mass = math.erf(cut / math.sqrt(2))
-    density = math.exp(-cut * cut / 2) / math.sqrt(2 * math.pi)
-    return math.sqrt(1 - 2 * cut * density / mass)
-
-
-RIGHT_STD = _truncated_std(3.0)  # 0.9866
-DEFAULT_CUT_STD = _truncated_std(2.0)  # 0.8796: trunc_normal_'s default a=-2, b=2 on N(0, 1)
+RIGHT_STD = TRUNCATED_STD  # 0.9866
+DEFAULT_CUT_STD = truncated_std(2.0)  # 0.8796: trunc_normal_'s default a=-2, b=2 on N(0, 1)
 
 
 def _fmt(shape: tuple[int, ...]) -> str:
     return "()" if not shape else f"({', '.join(map(str, shape))}{',' if len(shape) == 1 else ''})"
 
 
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [""])[0]
-
-
-def _stub(what: str, error: NotImplementedError) -> str:
-    """Which part is not written yet: the learner's function that raised (e.g. Embedding.reset_parameters)."""
-    tb = error.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    if tb is None or "/torch/" in tb.tb_frame.f_code.co_filename.replace("\\", "/"):
-        return what
-    name = tb.tb_frame.f_code.co_qualname
-    return name if name.split(".")[-1] not in ("<module>", "<lambda>") else what
-
-
-def _attempt(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Exception | None]:
-    """``(fn(*args), None)``, or ``(None, error)`` when it raises; a stub still fails as "not written yet"."""
-    try:
-        return fn(*args, **kwargs), None
-    except NotImplementedError as error:
-        fail(f"{_stub(what, error)} is not written yet (it raises NotImplementedError)", STUB_FIX)
-    except AssertionError:
-        raise
-    except Exception as error:  # noqa: BLE001 - the caller turns it into a verdict
-        return None, error
-
-
-def _call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """The harness's ``call``, naming the method that is still a stub (``Embedding.reset_parameters``)."""
-    out, error = _attempt(what, fn, *args, **kwargs)
-    if error is not None:
-        raise AssertionError(f"{what} raised {type(error).__name__} ({_first_line(error)}): "
-                             "read the error below and fix that line first.") from error
-    return out
-
-
 def _check_structure(impl: Callable[..., nn.Module]) -> None:
     """No nn.Embedding inside; one parameter ``weight`` of shape (V, D), no bias, no extras."""
-    module = _call(f"{NAME}({V}, {D})", impl, V, D)
+    module = construct(NAME, impl, V, D)
     inside = [key or "the class itself" for key, m in module.named_modules() if isinstance(m, nn.Embedding)]
     if inside:
         fail(f"{NAME} uses torch.nn.Embedding inside ({', '.join(inside)}), the built-in this notebook rebuilds",
@@ -112,7 +75,7 @@ def _check_init(impl: Callable[..., nn.Module]) -> None:
     vocab, d = INIT_SIZE
     check_initialised(NAME, lambda: impl(50, 8), "fill it in place with the recipe's draw, N(0, 1) truncated at ±3")
     torch.manual_seed(0)  # inside check_embedding's fork_rng: the same table every time
-    module = _call(f"{NAME}({vocab}, {d})", impl, vocab, d)
+    module = construct(NAME, impl, vocab, d)
     w = module.weight.detach().double().cpu()
     evidence = "found mean {:+.4f}, std {:.4f}, largest |entry| {:.3f}; expected 0, {:.4f}, just under 3".format(
         w.mean().item(), w.std().item(), w.abs().max().item(), RIGHT_STD) if torch.isfinite(w).all() else ""
@@ -145,24 +108,24 @@ def _ids(shape: tuple[int, ...], vocab: int, gen: torch.Generator) -> torch.Tens
 
 
 def _check_not_builtin(impl: Callable[..., nn.Module]) -> None:
-    module = _call(f"{NAME}({V}, {D})", impl, V, D)
+    module = construct(NAME, impl, V, D)
     with BuiltinSpy({F.embedding: "F.embedding", torch.embedding: "torch.embedding"}) as spy:
-        _attempt(f"{NAME}.forward", module, torch.tensor([[1, 4], [4, 0]]))  # a crash is diagnosed later, by shape
+        attempt(f"{NAME}.forward", module, torch.tensor([[1, 4], [4, 0]]))  # a crash is diagnosed later, by shape
     refuse_builtins(f"{NAME}.forward", spy, "index the table yourself: indexing its first dimension with the ids "
                     "gathers one row per id")
 
 
 def _refuses_valid_ids(module: nn.Module, vocab: int) -> None:
     """A ValueError for an end of the valid range, when an id in the middle works: an off-by-one."""
-    _, control = _attempt(f"{NAME}.forward", module, torch.tensor([vocab // 2]))
+    _, control = attempt(f"{NAME}.forward", module, torch.tensor([vocab // 2]))
     if control is not None:
         return
     for valid, end in [(vocab - 1, "the largest valid id, num_embeddings - 1"), (0, "id 0")]:
-        _, error = _attempt(f"{NAME}.forward", module, torch.tensor([valid]))
+        _, error = attempt(f"{NAME}.forward", module, torch.tensor([valid]))
         if isinstance(error, ValueError):
             fail(f"{NAME} refuses {end} = {valid} (an off-by-one in the range check)",
                  "valid ids are 0 ... num_embeddings - 1: refuse id < 0 or id >= num_embeddings",
-                 f"ValueError: {_first_line(error)}")
+                 f"ValueError: {first_line(error)}")
 
 
 def _check_forward(impl: Callable[..., nn.Module]) -> None:
@@ -170,12 +133,12 @@ def _check_forward(impl: Callable[..., nn.Module]) -> None:
     gen = generator(1)
     for vocab, d in [(V, D), (8, 8)]:
         for dtype in (torch.float32, torch.float64, torch.bfloat16):
-            module = _call(f"{NAME}({vocab}, {d}, dtype={dtype})", impl, vocab, d, dtype=dtype)
+            module = construct(NAME, impl, vocab, d, dtype=dtype)
             weight = module.weight.detach()
             results = []
             for shape in LEADING_SHAPES:
                 ids = _ids(shape, vocab, gen)
-                out, error = _attempt(f"{NAME}({vocab}, {d})(ids of shape {_fmt(shape)})", module, ids)
+                out, error = attempt(f"{NAME}({vocab}, {d})(ids of shape {_fmt(shape)})", module, ids)
                 results.append((shape, ids, out, error))
             _diagnose_shapes(module, vocab, d, results)
             for shape, ids, out, _ in results:
@@ -195,17 +158,20 @@ def _diagnose_shapes(module: nn.Module, vocab: int, d: int, results: list) -> No
         and f"with size {d}" in str(error)
     if columns or (error is None and isinstance(out, torch.Tensor) and out.shape == (d, *shape)
                    and close(out, module.weight.detach()[ids].movedim(-1, 0))):
-        found = f"raised IndexError: {_first_line(error)}" if columns else f"gave shape {tuple(out.shape)}"
+        found = f"raised IndexError: {first_line(error)}" if columns else f"gave shape {tuple(out.shape)}"
         fail(f"{NAME}.forward looks up columns (weight[:, ids]) instead of rows",
              "the table has one row per token: index its first dimension with the ids",
              f"ids of shape {_fmt(shape)} with values up to {vocab - 1} {found}")
     if len(broken) == len(results):
+        what = f"{NAME}({vocab}, {d})(ids of shape {_fmt(shape)})"
         if error is not None:  # crashes on every shape: report the first crash in full
-            _call(f"{NAME}({vocab}, {d})(ids of shape {_fmt(shape)})", module, ids)
+            call(what, module, ids)
+        expect_tensor(what, out, returns="return the looked-up rows, one tensor of shape (*token_ids.shape, "
+                      "embedding_dim)")
         fail(f"{NAME}({vocab}, {d}) returned {describe(out)} for ids of shape {_fmt(shape)}, expected shape "
              f"{(*shape, d)}", "one row of embedding_dim numbers per id: (...) in, (..., embedding_dim) out")
     works = [_fmt(shape) for shape, _, out, error in results if all(shape != b[0] for b in broken)]
-    lines = [f"ids {_fmt(s)}: " + (f"raised {type(e).__name__}: {_first_line(e)}" if e is not None
+    lines = [f"ids {_fmt(s)}: " + (f"raised {type(e).__name__}: {first_line(e)}" if e is not None
                                    else f"returned {describe(o)}, expected shape {(*s, d)}") for s, o, e in broken]
     fail(f"{NAME} handles ids of shape {', '.join(works)} but not {', '.join(_fmt(b[0]) for b in broken)}",
          "accept any leading shape: flatten the ids, gather the rows, reshape to (*token_ids.shape, embedding_dim)",
@@ -216,6 +182,7 @@ def _diagnose_values(vocab: int, d: int, dtype: torch.dtype, weight: torch.Tenso
                      ids: torch.Tensor, out: torch.Tensor) -> None:
     expected = F.embedding(ids, weight)
     where = f"{NAME}({vocab}, {d}, dtype={dtype}) on ids of shape {_fmt(shape)}"
+    expect_tensor(where, out)
     if close(out, expected):
         if out.dtype != dtype:
             fail(f"{where} returns {out.dtype}: the output must keep the table's dtype",
@@ -235,30 +202,30 @@ def _diagnose_values(vocab: int, d: int, dtype: torch.dtype, weight: torch.Tenso
 
 def _check_integer_dtypes(impl: Callable[..., nn.Module]) -> None:
     """Ids of every other integer dtype give the same rows as int64 ids (uint8 is not a mask)."""
-    module = _call(f"{NAME}({V}, {D})", impl, V, D)
+    module = construct(NAME, impl, V, D)
     ids = torch.tensor([1, 1, 10, 3, 2, 9, 8, 7, 5, 6, 4])  # V = 11 ids, none 0: as a mask they select every row
     expected = F.embedding(ids, module.weight.detach())
     # int32 first (the common one), then uint8, where plain indexing goes wrong first
     for dtype in (torch.int32, torch.uint8, torch.int16, torch.int8, torch.uint16, torch.uint32, torch.uint64):
         with warnings.catch_warnings():  # indexing with uint8 warns that it is a (deprecated) mask: our verdict says so
             warnings.simplefilter("ignore")
-            out, error = _attempt(f"{NAME}.forward on {dtype} ids", module, ids.to(dtype))
+            out, error = attempt(f"{NAME}.forward on {dtype} ids", module, ids.to(dtype))
         if error is None and close(out, expected):
             continue
         as_mask = error is None and close(out, module.weight.detach())
         if dtype == torch.uint8 and (as_mask or (error is not None and "mask" in str(error))):
             fail(f"{NAME} takes uint8 ids as a mask (in square brackets a uint8 tensor selects rows where it is "
                  "nonzero)", "convert the ids with token_ids.long() before indexing",
-                 f"ids {ids.tolist()} as uint8 gave " + (describe(out) if error is None else _first_line(error)))
-        found = f"raised {type(error).__name__}: {_first_line(error)}" if error is not None else \
+                 f"ids {ids.tolist()} as uint8 gave " + (describe(out) if error is None else first_line(error)))
+        found = f"raised {type(error).__name__}: {first_line(error)}" if error is not None else \
             f"returned {describe(out)}, not the rows int64 ids give"
         fail(f"{NAME} does not accept {dtype} ids ({found})",
              "every integer dtype holds token ids: convert them with token_ids.long() before the lookup")
 
 
 def _check_bool_refused(impl: Callable[..., nn.Module]) -> None:
-    module = _call(f"{NAME}({V}, {D})", impl, V, D)
-    out, error = _attempt(f"{NAME}.forward on bool ids", module, torch.arange(V) % 2 == 0)
+    module = construct(NAME, impl, V, D)
+    out, error = attempt(f"{NAME}.forward on bool ids", module, torch.arange(V) % 2 == 0)
     if error is None:
         fail(f"{NAME} accepts a bool tensor as ids (it returned {describe(out)}): a bool tensor is a mask",
              "raise a TypeError for ids that are not of an integer dtype (bool included)")
@@ -266,7 +233,7 @@ def _check_bool_refused(impl: Callable[..., nn.Module]) -> None:
 
 def _check_out_of_range(impl: Callable[..., nn.Module]) -> None:
     """Negative ids and ids >= num_embeddings raise ValueError (the course's decision, see the docstring)."""
-    module = _call(f"{NAME}({V}, {D})", impl, V, D)
+    module = construct(NAME, impl, V, D)
     for ids, mistake, fix in [
         ([2, -1], "negative ids wrap around silently (-1 reads the last row, a real token's vector)",
          "check the ids and raise a ValueError when any is < 0"),
@@ -274,22 +241,22 @@ def _check_out_of_range(impl: Callable[..., nn.Module]) -> None:
          "check the ids and raise a ValueError when any is >= num_embeddings: on a GPU, an id past the end "
          "is an unreadable device-side assert"),
     ]:
-        out, error = _attempt(f"{NAME}.forward on ids {ids}", module, torch.tensor(ids))
+        out, error = attempt(f"{NAME}.forward on ids {ids}", module, torch.tensor(ids))
         if isinstance(error, ValueError):
             continue
         if error is None:
             fail(f"{NAME}: {mistake}", fix, f"ids {ids} returned {describe(out)}, no error")
         fail(f"{NAME}: out-of-range ids {ids} raise {type(error).__name__} from inside PyTorch, not the ValueError "
              "the docstring promises", fix.replace("check the ids and ", "check them yourself first and "),
-             f"{type(error).__name__}: {_first_line(error)}")
+             f"{type(error).__name__}: {first_line(error)}")
 
 
 def _check_empty(impl: Callable[..., nn.Module]) -> None:
-    module = _call(f"{NAME}({V}, {D})", impl, V, D)
+    module = construct(NAME, impl, V, D)
     for shape in [(0,), (2, 0)]:
-        out, error = _attempt(f"{NAME}.forward on empty ids", module, torch.empty(shape, dtype=torch.long))
+        out, error = attempt(f"{NAME}.forward on empty ids", module, torch.empty(shape, dtype=torch.long))
         if error is not None:
-            fail(f"{NAME} crashes on empty ids of shape {_fmt(shape)} ({type(error).__name__}: {_first_line(error)})",
+            fail(f"{NAME} crashes on empty ids of shape {_fmt(shape)} ({type(error).__name__}: {first_line(error)})",
                  "skip the range check when token_ids.numel() == 0 (min and max of nothing are undefined)")
         if not isinstance(out, torch.Tensor) or out.shape != (*shape, D):
             fail(f"{NAME} returned {describe(out)} for empty ids of shape {_fmt(shape)}, expected shape {(*shape, D)}",
@@ -298,15 +265,15 @@ def _check_empty(impl: Callable[..., nn.Module]) -> None:
 
 def _check_gradient(impl: Callable[..., nn.Module]) -> None:
     """weight.grad equals the one-hot rule: each looked-up row sums the upstream rows of its ids."""
-    module = _call(f"{NAME}({V}, {D}, dtype=torch.float64)", impl, V, D, dtype=torch.float64)
+    module = construct(NAME, impl, V, D, dtype=torch.float64)
     ids = torch.tensor([[3, 1, 3], [3, 0, 7]])  # 3 three times; 1, 0, 7 once; the other rows never
     upstream = torch.randn(2, 3, D, generator=generator(2), dtype=torch.float64)
-    out = _call(f"{NAME}.forward", module, ids)
+    out = call(f"{NAME}.forward", module, ids)
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
         fail(f"No gradient reaches {NAME}.weight: the output is cut off from the table",
              "return the rows of the weight itself, so that autograd sees the lookup: no .detach(), no .data, no "
              "torch.no_grad(), no new tensor from its values")
-    _call("backward through your output", (out * upstream).sum().backward)
+    call("backward through your output", (out * upstream).sum().backward)
     grad = module.weight.grad
     expected = torch.zeros(V, D, dtype=torch.float64).index_add_(0, ids.flatten(), upstream.reshape(-1, D))
     if grad is None:

@@ -9,21 +9,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._harness import call, check_initialised, call_without_builtins, check_device_and_dtype, check_parameters, check_signature, close, describe, fail, generator, passed
+from ._harness import (TRUNCATED_STD, call_for_tensor, call_without_builtins, check_device_and_dtype, check_gradients,
+                       check_initialised, check_parameters, check_signature, close, construct, crash_of, expect_tensor,
+                       fail, generator, passed, truncated_std)
 
 _NAME = "Linear"
 _RECIPE = "N(0, σ²) with σ² = 2 / (d_in + d_out), truncated at ±3σ (trunc_normal_'s cut a, b is in weight units)"
 _LEADING = [(2, 5), (), (3,), (2, 3, 4)]  # (2, 5) first: a crash there is a plain bug, elsewhere a shape habit
 _INIT_SIZES = (1024, 256)  # non-square, so that 1/sqrt(d_in), 1/sqrt(d_out) and the recipe's σ all differ
-_TRUNCATED_STD = 0.98658  # std of N(0, 1) truncated to [-3, 3]
 _BEYOND_2 = (math.erf(3 / math.sqrt(2)) - math.erf(2 / math.sqrt(2))) / math.erf(3 / math.sqrt(2))  # 4.28 %
-
-
-def _truncated_std(k: float) -> float:
-    """The std of N(0, 1) truncated to [-k, k]."""
-    inside = math.erf(k / math.sqrt(2))
-    density = math.exp(-k * k / 2) / math.sqrt(2 * math.pi)
-    return math.sqrt(1 - 2 * k * density / inside)
 
 
 def _no_builtin(what: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -69,8 +63,7 @@ def _check_output(y: Any, x: torch.Tensor, weight: torch.Tensor, what: str, impl
     d_out, d_in = weight.shape
     expected = F.linear(x, weight)
     shapes = f"input {tuple(x.shape)}, weight {tuple(weight.shape)}"
-    if not isinstance(y, torch.Tensor):
-        fail(f"{what} returned {describe(y)}, not a tensor", "return the result of the einsum")
+    expect_tensor(what, y, returns="return the result of the einsum")
     if y.shape != expected.shape:
         if y.shape[-1:] == expected.shape[-1:] and y.numel() == expected.numel():
             fail(f"{what} loses the leading dimensions: it returned shape {tuple(y.shape)}, expected {tuple(expected.shape)}",
@@ -114,7 +107,7 @@ def _check_forward(impl: type) -> None:
     gen = generator(1)
     cases = [(6, 6, torch.float32), (5, 3, torch.float32), (6, 6, torch.float64), (5, 3, torch.float64)]
     for d_in, d_out, dtype in cases:
-        layer = call(f"Linear({d_in}, {d_out}, dtype={dtype})", impl, d_in, d_out, dtype=dtype)
+        layer = construct(_NAME, impl, d_in, d_out, dtype=dtype)
         weight = torch.randn(d_out, d_in, generator=gen, dtype=dtype)
         with torch.no_grad():
             layer.weight.copy_(weight)
@@ -124,8 +117,8 @@ def _check_forward(impl: type) -> None:
             try:
                 y = _no_builtin(what, layer, x)
             except AssertionError as error:
-                cause = error.__cause__
-                if leading != _LEADING[0] and cause is not None and not isinstance(cause, NotImplementedError):
+                cause = crash_of(error)
+                if leading != _LEADING[0] and cause is not None:
                     raise AssertionError(
                         f"{what} crashes ({type(cause).__name__}), though inputs of shape {(*_LEADING[0], d_in)} work: "
                         "accept any number of leading dimensions: the product runs over the last one only, whatever "
@@ -134,7 +127,7 @@ def _check_forward(impl: type) -> None:
                 raise
             _check_output(y, x, weight, what, impl)
     # Half precision: the layer computes in its own dtype and returns it.
-    layer = call("Linear(5, 3, dtype=torch.bfloat16)", impl, 5, 3, dtype=torch.bfloat16)
+    layer = construct(_NAME, impl, 5, 3, dtype=torch.bfloat16)
     weight = torch.randn(3, 5, generator=gen).to(torch.bfloat16)
     with torch.no_grad():
         layer.weight.copy_(weight)
@@ -145,36 +138,23 @@ def _check_forward(impl: type) -> None:
 def _check_gradients(impl: type) -> None:
     """weight.grad and x.grad equal F.linear's, in float64."""
     gen = generator(2)
-    layer = call("Linear(5, 3, dtype=torch.float64)", impl, 5, 3, dtype=torch.float64)
+    layer = construct(_NAME, impl, 5, 3, dtype=torch.float64)
     weight = torch.randn(3, 5, generator=gen, dtype=torch.float64)
     with torch.no_grad():
         layer.weight.copy_(weight)
     x = torch.randn(2, 4, 5, generator=gen, dtype=torch.float64, requires_grad=True)
     upstream = torch.randn(2, 4, 3, generator=gen, dtype=torch.float64)
-    y = call("Linear(5, 3)(x)", layer, x)
-    if not y.requires_grad:
-        fail("Linear's output carries no gradient (it was computed under torch.no_grad(), or from .detach()/.data)",
-             "compute it from self.weight and x directly, so that autograd can follow")
-    call("backward through Linear", (y * upstream).sum().backward)
-    reference_w = weight.clone().requires_grad_(True)
-    reference_x = x.detach().clone().requires_grad_(True)
-    (F.linear(reference_x, reference_w) * upstream).sum().backward()
-    if layer.weight.grad is None:
-        fail("no gradient reaches Linear.weight (forward uses .detach(), .data or a copy of it)",
-             "use self.weight itself in forward, so that training can update it")
-    if not close(layer.weight.grad, reference_w.grad):
-        fail("Linear.weight.grad differs from F.linear's",
-             "let autograd differentiate the einsum; do not write a custom backward")
-    if x.grad is None or not close(x.grad, reference_x.grad):
-        fail("the gradient with respect to Linear's input differs from F.linear's",
-             "let autograd differentiate the einsum; do not detach x")
+    y = call_for_tensor("Linear(5, 3)(x)", layer, x)
+    check_gradients(_NAME, "Linear(5, 3)(x of shape (2, 4, 5))", y, x, upstream, lambda x, w: F.linear(x, w["weight"]),
+                    {"weight": weight}, {"weight": ("Linear.weight", layer.weight)}, source="self.weight and x",
+                    unit="weight")
 
 
 def _check_init(impl: type) -> None:
     """N(0, σ²) with σ² = 2/(d_in + d_out), cut at ±3σ, drawn afresh from torch's generator."""
     check_initialised(_NAME, lambda: impl(5, 3), f"fill it in place with the recipe's draw, {_RECIPE}")
     torch.manual_seed(1)
-    first = call("Linear(5, 3)", impl, 5, 3).weight.detach()
+    first = construct(_NAME, impl, 5, 3).weight.detach()
     if not torch.isfinite(first).all():
         fail("Linear's initial weight contains NaN or inf, so it is not initialised (torch.empty holds whatever was in memory)",
              f"fill it in place with the recipe's draw, {_RECIPE}")
@@ -182,14 +162,14 @@ def _check_init(impl: type) -> None:
         fail("Linear's initial weight is all zeros (every output feature would then learn the same thing)",
              f"fill it in place with the recipe's draw, {_RECIPE}")
     torch.manual_seed(2)
-    second = call("Linear(5, 3)", impl, 5, 3).weight.detach()
+    second = construct(_NAME, impl, 5, 3).weight.detach()
     if torch.equal(first, second):
         fail("two Linear layers built after different torch.manual_seed(...) start with identical weights",
              "draw the weight from torch's random generator with nn.init.trunc_normal_ (no fixed values, no private generator)")
 
     d_in, d_out = _INIT_SIZES
     torch.manual_seed(0)
-    w = call(f"Linear({d_in}, {d_out})", impl, d_in, d_out).weight.detach().double().flatten()
+    w = construct(_NAME, impl, d_in, d_out).weight.detach().double().flatten()
     if not torch.isfinite(w).all():
         fail("Linear's initial weight contains NaN or inf, so it is not initialised (torch.empty holds whatever was in memory)",
              f"fill it in place with the recipe's draw, {_RECIPE}")
@@ -212,7 +192,7 @@ def _check_init(impl: type) -> None:
              f"draw them from a truncated normal: {recipe}",
              f"{evidence}; kurtosis {kurtosis:.2f}, a normal cut at ±3σ has 2.83 and a uniform 1.8")
     ratio = std / sigma
-    if top < 2.9 * sigma and abs(ratio / _truncated_std(top / sigma) - 1) < 0.02:
+    if top < 2.9 * sigma and abs(ratio / truncated_std(top / sigma) - 1) < 0.02:
         fail(f"the cut is too tight (the initial weights stop at ±{top / sigma:.2f} σ)",
              "truncate at a=-3 * σ, b=3 * σ", evidence)
     if not 0.95 <= ratio <= 1.03:
@@ -237,7 +217,7 @@ def _check_init(impl: type) -> None:
         fail(f"{beyond:,} of {w.numel():,} initial weights lie beyond ±3σ, so nothing was truncated "
              f"(trunc_normal_'s default cut a=-2, b=2 is in weight units, ±{2 / sigma:.0f}σ here, not multiples of std)",
              "pass the cut explicitly: a=-3 * σ, b=3 * σ", evidence)
-    if abs(ratio - _TRUNCATED_STD) > 0.006:
+    if abs(ratio - TRUNCATED_STD) > 0.006:
         fail(f"the initial weights' std is {ratio:.3f} σ, expected 0.987 σ (N(0, σ²) cut at ±3σ)",
              f"use {recipe}", evidence)
     share = (w.abs() > 2 * sigma).double().mean().item()

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import reference
-from ._harness import (BuiltinSpy, call, check_initialised, check_device_and_dtype, check_gradients, check_parameters, check_signature,
-                       close, describe, fail, generator, passed)
+from ._harness import (BuiltinSpy, call, check_buffers_device, check_device_and_dtype, check_gradients,
+                       check_initialised, check_parameters, check_signature, close, construct, expect_like, fail,
+                       generator, passed, refuse_instance)
 
 # What a composite says of a weight never filled: its parts initialise themselves, as their own checks demand.
 _INIT_FIX = ("build each part from the course's Linear (Embedding, RMSNorm), which fills its own weight, and do not "
@@ -161,8 +162,7 @@ _POSITION_VARIANTS = [
 # ---------------------------------------------------------------------------------------------------------
 
 def _make(impl: Any, *args: Any, **kwargs: Any) -> nn.Module:
-    shown = ", ".join([repr(a) for a in args] + [f"{key}={value!r}" for key, value in kwargs.items()])
-    return call(f"{_NAME}({shown})", impl, *args, **kwargs)
+    return construct(_NAME, impl, *args, **kwargs)
 
 
 def _known_weights(gen: torch.Generator, d_model: int = _D_MODEL) -> dict[str, Tensor]:
@@ -191,14 +191,8 @@ def _forward(module: nn.Module, x: Tensor, positions: Tensor | None, what: str) 
                  "built from scratch",
                  "run the heads through your scaled_dot_product_attention (notebook 05) with a causal mask; keep the "
                  "built-in for fused=True")
-    if not isinstance(out, Tensor):
-        fail(f"{what} returned {describe(out)}, not a tensor", "return only the output of output_proj")
-    if out.shape != x.shape:
-        fail(f"{what} returned shape {tuple(out.shape)}, expected {tuple(x.shape)} (the input's shape)",
-             f"split into heads and merge them back to (..., seq, d_model): {_SPLIT}")
-    if out.dtype != x.dtype:
-        fail(f"{what} returned {out.dtype} for a {x.dtype} input", "keep the input's dtype (no .float() inside)")
-    return out
+    return expect_like(what, out, x, returns="return only the output of output_proj",
+                       shape_fix=f"split into heads and merge them back to (..., seq, d_model): {_SPLIT}")
 
 
 def _compare(out: Tensor, x: Tensor, weights: dict[str, Tensor], theta: float | None, positions: Tensor | None,
@@ -234,9 +228,7 @@ def _compare(out: Tensor, x: Tensor, weights: dict[str, Tensor], theta: float | 
 
 def _check_structure(impl: Any) -> None:
     """Signature, the four Linear submodules with the contract's names and shapes, nothing else, no bias."""
-    if isinstance(impl, nn.Module):
-        fail(f"check_multihead_self_attention got a {type(impl).__name__} object, not the class",
-             f"pass the class itself: check_multihead_self_attention({type(impl).__name__})")
+    refuse_instance(impl, "check_multihead_self_attention")
     check_signature(impl, _SIGNATURE, _NAME)
     module = _make(impl, _D_MODEL, _HEADS)
     if isinstance(module, nn.MultiheadAttention) or any(isinstance(m, nn.MultiheadAttention) for m in module.modules()):
@@ -287,11 +279,8 @@ def _check_init(impl: Any) -> None:
 
 def _check_devices(impl: Any) -> None:
     check_device_and_dtype(lambda **kwargs: impl(_D_MODEL, _HEADS, **kwargs), _NAME)
-    module = _make(impl, _D_MODEL, _HEADS, _MAX_SEQ_LEN, _THETA, device="meta")
-    elsewhere = [key for key, buffer in module.named_buffers() if buffer.device.type != "meta"]
-    if elsewhere:
-        fail(f"{_NAME}(..., device='meta') creates RoPE's table {elsewhere[0]} on {dict(module.named_buffers())[elsewhere[0]].device}",
-             "pass device=device to RotaryPositionalEmbedding(theta, d_k, max_seq_len, device=device)")
+    check_buffers_device(lambda **kwargs: impl(_D_MODEL, _HEADS, _MAX_SEQ_LEN, _THETA, **kwargs), _NAME,
+                         "pass device=device to RotaryPositionalEmbedding(theta, d_k, max_seq_len, device=device)")
 
 
 def _inputs(gen: torch.Generator, leading: tuple[int, ...], dtype: torch.dtype = torch.float64, seq: int = _SEQ) -> Tensor:
@@ -420,7 +409,11 @@ def check_multihead_self_attention(impl: Callable[..., Any]) -> None:
           nn.MultiheadAttention inside;
         * wrong parameter names or shapes, a bias, RoPE tables saved in the state dict;
         * F.scaled_dot_product_attention in the default path; device/dtype ignored; projections with identical
-          or never filled (torch.empty) weights; no gradient (detached computations).
+          or never filled (torch.empty) weights; no gradient (detached computations);
+        * num_kv_heads (if the class takes it): k_proj and v_proj not num_kv_heads·d_k rows; the key/value heads tiled
+          (0, 1, 0, 1) instead of repeated in place; one key/value head for every query head;
+        * cache= (if forward takes it; a stand-in with notebook 12's contract, `length` and `update`): the repeated
+          heads stored; update never called; new tokens rotated from position 0; the mask aligned to the first key.
     """
     with torch.random.fork_rng(devices=[]):
         _check_structure(impl)
@@ -432,7 +425,150 @@ def check_multihead_self_attention(impl: Callable[..., Any]) -> None:
         _check_gradients(impl, gen)
         _check_fused(impl, gen)
         _check_full_length(impl, gen)
+        _check_grouped(impl, gen)
+        _check_cache_hook(impl, gen)
+    takes = inspect.signature(impl.__init__).parameters
     passed(f"check_multihead_self_attention: q/k/v/output_proj, no bias; matches F.linear + "
            "F.scaled_dot_product_attention(is_causal=True) with known weights (4 leading shapes, float32/64), "
            "with RoPE on Q and K (default, uneven and shared positions); gradients"
-           + ("; fused=True" if "fused" in inspect.signature(impl.__init__).parameters else ""))
+           + ("; fused=True" if "fused" in takes else "")
+           + ("; grouped-query attention" if "num_kv_heads" in takes else "")
+           + ("; the cache's hook" if "cache" in inspect.signature(impl.forward).parameters else ""))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Grouped-query attention and the cache's hook (Step 6; notebook 12's KVCache, here a stand-in)
+# ---------------------------------------------------------------------------------------------------------
+
+# 6 query heads of d_k = 4 over 2 key/value heads (g = 3): d_model 24, so that every order of the heads differs.
+_GQA_D_MODEL, _GQA_HEADS, _GQA_KV = 24, 6, 2
+_GROUPS = ("key/value head j serves query heads j·g … j·g+g−1 (g = num_heads / num_kv_heads): each key/value head's "
+           "g copies side by side, in front of seq")
+
+
+def _grouped_weights(gen: torch.Generator) -> dict[str, Tensor]:
+    d, kv = _GQA_D_MODEL, _GQA_KV * _GQA_D_MODEL // _GQA_HEADS
+    rows = {"q_proj": d, "k_proj": kv, "v_proj": kv, "output_proj": d}
+    return {name: torch.randn(rows[name], d, generator=gen, dtype=torch.float64) / math.sqrt(d) for name in rows}
+
+
+def _grouped(x: Tensor, weights: dict[str, Tensor], order: str = "in place") -> Tensor:
+    """Grouped-query attention with RoPE (default positions), the key/value heads repeated in `order`: "in place" (the
+    right one, 0 0 0 1 1 1), "tiled" (0 1 0 1 0 1) or "first" (every query head reads head 0)."""
+    heads, kv, group = _GQA_HEADS, _GQA_KV, _GQA_HEADS // _GQA_KV
+    q = reference.split_heads(F.linear(x, weights["q_proj"]), heads)
+    k, v = (reference.split_heads(F.linear(x, weights[name]), kv) for name in ("k_proj", "v_proj"))
+    where = torch.arange(x.shape[-2]).unsqueeze(-2)
+    q, k = reference.rotate(q, where, _THETA), reference.rotate(k, where, _THETA)
+    if order == "in place":
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    elif order == "tiled":
+        k, v = torch.cat([k] * group, dim=-3), torch.cat([v] * group, dim=-3)
+    else:
+        k, v = (t[..., :1, :, :].expand(*t.shape[:-3], heads, *t.shape[-2:]) for t in (k, v))
+    return F.linear(reference.merge_heads(_SDPA(q, k, v, is_causal=True)), weights["output_proj"])
+
+
+def _check_grouped(impl: Any, gen: torch.Generator) -> None:
+    """num_kv_heads: k_proj and v_proj of num_kv_heads·d_k rows, and the groups in the right order."""
+    if "num_kv_heads" not in inspect.signature(impl.__init__).parameters:
+        return
+    module = _make(impl, _GQA_D_MODEL, _GQA_HEADS, _MAX_SEQ_LEN, _THETA, dtype=torch.float64, num_kv_heads=_GQA_KV)
+    d_kv = _GQA_KV * _GQA_D_MODEL // _GQA_HEADS
+    shapes = {name: tuple(p.shape) for name, p in module.named_parameters()}
+    expected_shapes = {"q_proj.weight": (24, 24), "k_proj.weight": (d_kv, 24), "v_proj.weight": (d_kv, 24),
+                       "output_proj.weight": (24, 24)}
+    if shapes != expected_shapes:
+        fail(f"{_NAME}(24, 6, num_kv_heads=2) has the parameters {shapes}, expected {expected_shapes}",
+             "k_proj and v_proj map d_model to num_kv_heads·d_k (d_k = d_model / num_heads): only the keys and values "
+             "have fewer heads, the queries keep num_heads")
+    weights = _grouped_weights(gen)
+    _load(module, weights)
+    x = torch.randn(2, 7, _GQA_D_MODEL, generator=gen, dtype=torch.float64)
+    what = f"{_NAME}(24, 6, num_kv_heads=2) with RoPE on x of shape {tuple(x.shape)}"
+    out = _forward(module, x, None, what)
+    expected = _grouped(x, weights)
+    if close(out, expected):
+        return
+    for order, mistake in (("tiled", "the key/value heads are tiled (0, 1, 0, 1, …): query head h reads key/value "
+                                     "head h mod num_kv_heads"),
+                           ("first", "every query head reads key/value head 0")):
+        if close(out, _grouped(x, weights, order)):
+            fail(f"{what}: {mistake}", _GROUPS)
+    fail(f"{what} differs from grouped-query attention (F.scaled_dot_product_attention with enable_gqa) by up to "
+         f"{(out.detach() - expected).abs().max().item():.3g}",
+         f"split the keys and values into num_kv_heads heads; {_GROUPS}")
+
+
+class _RecordingCache:
+    """A stand-in for notebook 12's KVCache, with the contract the hook relies on: `length` positions held, and
+    `update(k, v)` that appends and returns every key and value so far. It records the shapes it was given."""
+
+    def __init__(self) -> None:
+        self.keys = self.values = None
+        self.length, self.given = 0, []
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.given.append(tuple(k.shape))
+        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=-2)
+        self.values = v if self.values is None else torch.cat([self.values, v], dim=-2)
+        self.length = self.keys.shape[-2]
+        return self.keys, self.values
+
+
+def _rows_seeing_the_first_keys(x: Tensor, weights: dict[str, Tensor], kv: int) -> Tensor:
+    """The last token's output when its mask is the top-left triangle: it sees key 0 only (the mask of torch.tril
+    without the shift, or of is_causal with fewer queries than keys)."""
+    heads = _GQA_HEADS
+    q = reference.split_heads(F.linear(x, weights["q_proj"]), heads)
+    k, v = (reference.split_heads(F.linear(x, weights[name]), kv) for name in ("k_proj", "v_proj"))
+    where = torch.arange(x.shape[-2]).unsqueeze(-2)
+    q, k = reference.rotate(q, where, _THETA)[..., -1:, :], reference.rotate(k, where, _THETA)
+    mask = torch.ones(1, x.shape[-2], dtype=torch.bool).tril()
+    attended = _SDPA(q, k, v, attn_mask=mask, enable_gqa=kv != heads)
+    return F.linear(reference.merge_heads(attended), weights["output_proj"])
+
+
+def _check_cache_hook(impl: Any, gen: torch.Generator) -> None:
+    """forward(x, cache=...): the new tokens at positions cache.length …, the key/value heads stored once rotated, and
+    the queries attending over what update returns: prompt + single tokens + a chunk = the rows of the whole input."""
+    if "cache" not in inspect.signature(impl.forward).parameters:
+        return
+    grouped = "num_kv_heads" in inspect.signature(impl.__init__).parameters
+    kv = _GQA_KV if grouped else _GQA_HEADS
+    extra = {"num_kv_heads": _GQA_KV} if grouped else {}
+    module = _make(impl, _GQA_D_MODEL, _GQA_HEADS, _MAX_SEQ_LEN, _THETA, dtype=torch.float64, **extra)
+    weights = _grouped_weights(gen) if grouped else _known_weights(gen, _GQA_D_MODEL)
+    _load(module, weights)
+    x = torch.randn(2, 8, _GQA_D_MODEL, generator=gen, dtype=torch.float64)
+    whole = call(f"{_NAME} on x of shape {tuple(x.shape)}", module, x)
+    cache, rows, start = _RecordingCache(), [], 0
+    for n in (4, 1, 1, 2):  # a prompt, two single tokens, then a chunk after the cached positions
+        what = f"{_NAME}(x[:, {start}:{start + n}], cache=...) after {start} cached positions"
+        rows.append(call(what, module, x[:, start:start + n], cache=cache))
+        if cache.given and cache.given[-1][1] != kv:
+            fail(f"{what} gave the cache keys of shape {cache.given[-1]}: {cache.given[-1][1]} heads, not the "
+                 f"{kv} key/value heads",
+                 "store the key/value heads as they come from the projections (after RoPE), and repeat them for the "
+                 "query heads only after the cache: what it saves is their being fewer")
+        if len(cache.given) != len(rows):
+            fail(f"{what} did not call cache.update(k, v)",
+                 "with a cache, hand it the new keys (rotated) and values, and attend over what it returns")
+        start += n
+    out = torch.cat(rows, dim=-2)
+    if close(out, whole):
+        return
+    rotated_at_zero = reference.rotate(reference.split_heads(F.linear(x[:, 6:8], weights["k_proj"]), kv),
+                                       torch.arange(2).unsqueeze(-2), _THETA)
+    if torch.allclose(cache.keys[:, :, 6:8], rotated_at_zero):
+        fail(f"with a cache, the new tokens are rotated as if they started at position 0 (the chunk after 6 cached "
+             "positions)", "they sit after the cache.length positions the cache holds: rotate them at length, "
+             "length + 1, …")
+    if close(rows[1], _rows_seeing_the_first_keys(x[:, :5], weights, kv)):
+        fail(f"with a cache, the new token after 4 cached positions attends as if it were the first: the causal mask "
+             "is aligned to the first key", "the new tokens are the last of all the keys: query i (of n new ones) "
+             "sees keys 0 … past + i, a triangle shifted by past (one new token sees every key)")
+    fail(f"with a cache, prompt + single tokens + a chunk differ from the rows of the whole input by up to "
+         f"{(out.detach() - whole.detach()).abs().max().item():.3g}",
+         "rotate the new queries and keys at cache.length …, store the keys and values with cache.update, and "
+         "attend over every key and value it returns")

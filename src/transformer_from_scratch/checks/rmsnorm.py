@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import reference
-from ._harness import (BuiltinSpy, check_initialised, refuse_builtins, call, check_device_and_dtype, check_parameters, check_signature, close, describe, fail,
-                       generator, passed)
+from ._harness import (BuiltinSpy, call, call_for_tensor, check_device_and_dtype, check_initialised, check_parameters,
+                       check_signature, close, construct, crash_of, describe, dtype_name, fail, generator, passed,
+                       refuse_builtins, refuse_instance)
 
 NAME = "RMSNorm"
 EPS = 1e-5
@@ -83,16 +84,16 @@ _BUILTINS = {F.rms_norm: "F.rms_norm", torch.rms_norm: "torch.rms_norm",
 
 
 def _make(impl: Any, d_model: int, **kwargs: Any) -> nn.Module:
-    shown = ", ".join([str(d_model)] + [f"{k}={v}" for k, v in kwargs.items()])
-    return call(f"{NAME}({shown})", impl, d_model, **kwargs)
+    return construct(NAME, impl, d_model, **kwargs)
 
 
 def _forward(module: nn.Module, x: Tensor) -> Tensor:
-    """module(x), naming a broadcasting crash (the mean taken without keepdim) as such."""
+    """module(x) as a tensor on x's device, naming a broadcasting crash (the mean taken without keepdim) as such."""
+    what = f"{NAME}.forward on an input of shape {tuple(x.shape)}"
     try:
-        return call(f"{NAME}.forward on an input of shape {tuple(x.shape)}", module, x)
+        return call_for_tensor(what, module, x, returns="return the normalised tensor")
     except AssertionError as error:
-        cause = error.__cause__
+        cause = crash_of(error)
         if isinstance(cause, RuntimeError) and "must match the size of tensor" in str(cause):
             fail("the mean of the squares is taken without keepdim=True, so x (..., d_model) and the RMS (...) "
                  "do not broadcast",
@@ -115,8 +116,6 @@ def _compare(actual: Any, x: Tensor, gain: Tensor, eps: float, where: str,
              formulas: list[tuple[str, str, _Variant]] = WRONG_FORMULAS) -> None:
     """Fail with the name of the wrong formula ``actual`` matches, if it is not RMSNorm(x)."""
     expected = _reference(x, gain, eps)
-    if not isinstance(actual, Tensor):
-        fail(f"{NAME}.forward returned {describe(actual)}, not a tensor", "return the normalised tensor")
     if close(actual, expected):
         return
     if actual.shape != expected.shape:
@@ -135,8 +134,7 @@ def _compare(actual: Any, x: Tensor, gain: Tensor, eps: float, where: str,
 
 
 def _check_construction(impl: Any) -> None:
-    if isinstance(impl, nn.Module):
-        fail("check_rmsnorm got an RMSNorm object, not the class", "pass the class itself: check_rmsnorm(RMSNorm)")
+    refuse_instance(impl, "check_rmsnorm")
     check_signature(impl, ["d_model", "eps", "device", "dtype"], NAME)
     default = inspect.signature(impl.__init__ if inspect.isclass(impl) else impl).parameters["eps"].default
     if default != EPS:
@@ -200,7 +198,7 @@ def _check_eps(impl: Any) -> None:
     module = _make(impl, d_model)
     zeros = torch.zeros(2, d_model)
     out = _forward(module, zeros)
-    if isinstance(out, Tensor) and not out.isfinite().all():
+    if not out.isfinite().all():
         fail("eps is ignored, so an all-zero vector gives 0/0 = NaN",
              "ε goes under the root, RMS = √(mean(x²) + ε): it keeps the denominator away from 0 for a vector near 0",
              f"RMSNorm({d_model})(zeros) contains {out.isnan().sum().item()} NaN")
@@ -244,7 +242,7 @@ def _check_half(impl: Any) -> None:
     module = _make(impl, d_model, dtype=torch.float16)
     _set_gain(module, gain)
     out = _forward(module, x)
-    if not isinstance(out, Tensor) or out.shape != x.shape:
+    if out.shape != x.shape:
         fail(f"{NAME}.forward returned {describe(out)} for a float16 input of shape {tuple(x.shape)}",
              "return a tensor of the input's shape")
     expected = F.rms_norm(x.double(), (d_model,), gain.double(), eps=EPS)
@@ -264,15 +262,15 @@ def _check_half(impl: Any) -> None:
         module = _make(impl, d_model, dtype=module_dtype)
         out = _forward(module, x.to(in_dtype))
         if out.dtype != in_dtype:
-            fail(f"the result is not cast back to the input's dtype ({str(in_dtype)[6:]} in, {str(out.dtype)[6:]} out)",
+            fail(f"the result is not cast back to the input's dtype ({dtype_name(in_dtype)} in, {dtype_name(out.dtype)} out)",
                  "cast the result back to the dtype x came in (remember it before the upcast)",
-                 f"RMSNorm({d_model}, dtype={str(module_dtype)[6:]}) on a {str(in_dtype)[6:]} input")
+                 f"RMSNorm({d_model}, dtype={dtype_name(module_dtype)}) on a {dtype_name(in_dtype)} input")
         expected = F.rms_norm(x.to(in_dtype).double(), (d_model,), eps=EPS)
         rtol = 2e-3 if in_dtype == torch.float16 else 1.6e-2
         if not close(out.double(), expected, rtol=rtol, atol=rtol):
-            fail(f"{NAME}'s {str(in_dtype)[6:]} output differs from F.rms_norm computed in float64",
+            fail(f"{NAME}'s {dtype_name(in_dtype)} output differs from F.rms_norm computed in float64",
                  "upcast x to float32, compute, multiply by the gain, then cast back to x.dtype",
-                 f"RMSNorm({d_model}, dtype={str(module_dtype)[6:]}): {_max_error(out, expected)}")
+                 f"RMSNorm({d_model}, dtype={dtype_name(module_dtype)}): {_max_error(out, expected)}")
 
 
 def _check_float64(impl: Any) -> None:
@@ -283,8 +281,8 @@ def _check_float64(impl: Any) -> None:
         _set_gain(module, _random_gain(d_model, 30))
         gain = module.weight.detach().double()
         out = _forward(module, x)
-        where = f"RMSNorm({d_model}, dtype={str(module_dtype)[6:]}) on a float64 input"
-        if isinstance(out, Tensor) and out.dtype != torch.float64:
+        where = f"RMSNorm({d_model}, dtype={dtype_name(module_dtype)}) on a float64 input"
+        if out.dtype != torch.float64:
             fail(f"a float64 input is downcast and comes back as {out.dtype}",
                  "upcast only what is narrower than float32, and cast the result back to x's dtype", where)
         expected = _reference(x, gain, EPS)

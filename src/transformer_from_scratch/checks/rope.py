@@ -9,7 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from .. import reference
-from ._harness import call, check_signature, close, describe, fail, generator, passed
+from ._harness import (call, call_for_tensor, check_signature, close, construct, crash_of, describe, fail, first_line,
+                       generator, passed)
 
 _NAME = "RotaryPositionalEmbedding"
 _THETA, _D_K, _MAX_SEQ_LEN = 10000.0, 16, 64
@@ -143,16 +144,13 @@ def _shapes(x: Tensor, positions: Tensor) -> str:
 
 
 def _build(impl: type, theta: float = _THETA, d_k: int = _D_K, max_seq_len: int = _MAX_SEQ_LEN, **kwargs: Any) -> nn.Module:
-    extra = "".join(f", {key}={value!r}" for key, value in kwargs.items())
-    return call(f"{_NAME}({theta}, {d_k}, {max_seq_len}{extra})", impl, theta, d_k, max_seq_len, **kwargs)
+    return construct(_NAME, impl, theta, d_k, max_seq_len, **kwargs)
 
 
 def _run(rope: nn.Module, x: Tensor, positions: Tensor) -> Tensor:
     """The learner's output, checked to be one tensor of x's shape and dtype."""
     what = f"forward({_shapes(x, positions)})"
-    out = call(what, rope, x, positions)
-    if not isinstance(out, Tensor):
-        fail(f"{what} returned {describe(out)}, not a tensor", "return the rotated x, of the same shape as x")
+    out = call_for_tensor(what, rope, x, positions, returns="return the rotated x, of the same shape as x")
     if out.shape != x.shape:
         fail(f"{what} returned shape {tuple(out.shape)}, expected x's shape {tuple(x.shape)}",
              "rotate the pairs in place of x: same leading dimensions, same seq, same d_k "
@@ -265,10 +263,11 @@ def _check_every_position(impl: type, gen: torch.Generator) -> None:
     try:
         _compare(rope, x, positions, _THETA)
     except AssertionError as error:
-        if isinstance(error.__cause__, (IndexError, RuntimeError)) and "index" in str(error.__cause__).lower():
+        cause = crash_of(error)
+        if isinstance(cause, (IndexError, RuntimeError)) and "index" in str(cause).lower():
             fail(f"the tables do not cover every position 0 … max_seq_len - 1 (here max_seq_len={max_seq_len})",
                  "build one row per position, 0 … max_seq_len − 1",
-                 f"positions {positions.tolist()} raised {type(error.__cause__).__name__}: {error.__cause__}")
+                 f"positions {positions.tolist()} raised {type(cause).__name__}: {cause}")
         raise
 
 
@@ -341,11 +340,10 @@ def _check_views(rope: nn.Module, gen: torch.Generator) -> None:
         try:
             _compare(rope, x, positions, _THETA)
         except AssertionError as error:
-            cause = error.__cause__
-            if cause is None or isinstance(cause, NotImplementedError):
+            cause = crash_of(error)
+            if cause is None:
                 raise
-            first = (str(cause).strip().splitlines() or [""])[0]
-            fail(f"forward crashes on x as {name} ({type(cause).__name__}: {first})", _ALIGNMENT_FIX)
+            fail(f"forward crashes on x as {name} ({type(cause).__name__}: {first_line(cause)})", _ALIGNMENT_FIX)
 
 
 def check_rope(impl: type) -> None:

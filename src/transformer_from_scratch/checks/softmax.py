@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from ._harness import call, call_without_builtins, check_signature, close, describe, fail, generator, passed
+from ._harness import call, call_without_builtins, check_signature, close, dtype_name, expect_tensor, fail, generator, passed
 
 Softmax = Callable[[torch.Tensor, int], torch.Tensor]
 NEG_INF = float("-inf")
@@ -58,49 +58,47 @@ def check_softmax(impl: Softmax) -> None:
 # ---------------------------------------------------------------------------------------------- running it
 
 
-def _diagnosing_crashes(impl: Softmax) -> Softmax:
-    """``impl``, with the crashes that have a classic cause turned into that diagnosis."""
+KEEPDIM = ("a max or sum along dim drops that dimension (no keepdim=True), so it broadcasts against the wrong axis",
+           "keep the reduced dimension with size 1 (keepdim), in the max and in the sum, so that each lines up with "
+           "its own slice")
+
+
+def diagnosing_crashes(impl: Softmax, what: str) -> Softmax:
+    """``impl``, with the crashes that have a classic cause turned into that diagnosis (the steps' checks use it too)."""
     def run(x: torch.Tensor, dim: int) -> torch.Tensor:
         try:
             return impl(x, dim)
         except RuntimeError as error:
             if "must match the size of tensor" in str(error):
-                _fail_keepdim(f"PyTorch said: {str(error).splitlines()[0]}")
+                fail(*KEEPDIM, f"{what}: PyTorch said: {str(error).splitlines()[0]}")
             raise
         except TypeError as error:
             if "return_types.max" in str(error) or "return_types.min" in str(error):
                 fail("x.max(dim) returns a (values, indices) pair, not a tensor",
                      "take the values (the maximum itself), kept with size 1 along dim so that it lines up with x",
-                     f"PyTorch said: {str(error).splitlines()[0]}")
+                     f"{what}: PyTorch said: {str(error).splitlines()[0]}")
             raise
     return run
 
 
-def _fail_keepdim(evidence: str) -> None:
-    fail("a max or sum along dim drops that dimension (no keepdim=True), so it broadcasts against the wrong axis",
-         "keep the reduced dimension with size 1 (keepdim), in the max and in the sum, so that each lines up with "
-         "its own slice", evidence)
-
-
 def _name(x: torch.Tensor, dim: int) -> str:
-    return f"softmax(x, dim={dim}) with x of shape {tuple(x.shape)} ({str(x.dtype).removeprefix('torch.')})"
+    return f"softmax(x, dim={dim}) with x of shape {tuple(x.shape)} ({dtype_name(x.dtype)})"
 
 
 def _run(impl: Softmax, x: torch.Tensor, dim: int) -> torch.Tensor:
     """The learner's ``softmax(x, dim)``: called safely, the built-ins forbidden, the input watched."""
     before = x.detach().clone()
-    out = call_without_builtins(_name(x, dim), _BUILTINS, _BUILTIN_FIX, _diagnosing_crashes(impl), x, dim)
+    out = call_without_builtins(_name(x, dim), _BUILTINS, _BUILTIN_FIX, diagnosing_crashes(impl, _name(x, dim)), x, dim)
     if not torch.equal(x.detach(), before):
         fail("softmax modifies its input x in place (x -= ..., x.exp_(), x.sub_(...))",
              "write each step to a new tensor (shifted = x - m), so the caller's scores stay as they were")
-    if not isinstance(out, torch.Tensor):
-        fail(f"{_name(x, dim)} returned {describe(out)}, not a tensor", "return the tensor of probabilities")
+    expect_tensor(_name(x, dim), out, returns="return the tensor of probabilities")
     if out.shape != x.shape:
         fail(f"{_name(x, dim)} returned shape {tuple(out.shape)}, expected x's shape {tuple(x.shape)}",
              "return one probability per score: the output has x's shape")
     if out.dtype != x.dtype:
         if x.dtype in HALF and out.dtype == torch.float32:
-            fail(f"softmax returns float32 for a {str(x.dtype).removeprefix('torch.')} input",
+            fail(f"softmax returns float32 for a {dtype_name(x.dtype)} input",
                  "compute in float32, then cast the result back with .to(x.dtype) so the dtype is preserved")
         fail(f"softmax returns {out.dtype} for a {x.dtype} input",
              "return x's dtype (upcast only float16 and bfloat16, and cast those back with .to(x.dtype))")
@@ -116,7 +114,7 @@ def _stable(x: torch.Tensor, dim: int, max_dim: int | None = None, sum_dim: int 
     return exps / exps.sum(dim=dim if sum_dim is None else sum_dim, keepdim=True)
 
 
-_NO_KEEPDIM = "no keepdim=True"  # reported by _fail_keepdim, the same verdict as the broadcast error
+_NO_KEEPDIM = "no keepdim=True"  # reported as KEEPDIM, the same verdict as the broadcast error
 
 
 def _without_keepdim(x: torch.Tensor, dim: int, max_keepdim: bool, sum_keepdim: bool) -> torch.Tensor:
@@ -180,7 +178,7 @@ def _diagnose(x: torch.Tensor, dim: int, out: torch.Tensor, expected: torch.Tens
             continue
         if close(out, candidate):
             if mistake == _NO_KEEPDIM:
-                _fail_keepdim(evidence)
+                fail(*KEEPDIM, evidence)
             fail(mistake, fix, evidence)
     fail(f"{_name(x, dim)} differs from torch.softmax",
          "softmax(x) = exp(x − m) / Σ exp(x − m) along dim, m the max along dim: compare each of your steps with "
@@ -279,7 +277,7 @@ def _check_half_precision(impl: Softmax, g: torch.Generator) -> None:
         out = _run(impl, x, -1)
         error = _ulps(out, torch.softmax(x.double(), dim=-1), dtype)
         if error > 1:
-            name = str(dtype).removeprefix("torch.")
+            name = dtype_name(dtype)
             fail(f"{name} inputs are computed in {name}, not in float32, so every step rounds and the errors add up",
                  "upcast with x.float() when x.dtype is float16 or bfloat16, compute, then cast back with .to(x.dtype)",
                  f"{_name(x, -1)}: off by up to {error:.1f} rounding steps of {name}; "

@@ -3,7 +3,6 @@ the same formula written with ``F.linear`` and ``F.silu``, with weights the chec
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any, Callable
 
@@ -12,8 +11,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import reference
-from ._harness import (call, check_initialised, call_without_builtins, check_parameters, check_signature, close, describe, fail, generator,
-                       passed)
+from ._harness import (call, call_without_builtins, check_device_and_dtype, check_initialised, check_parameters,
+                       check_signature, close, construct, crash_of, dtype_name, expect_tensor, fail, generator, passed,
+                       refuse_instance)
 
 # What a composite says of a weight never filled: its parts initialise themselves, as their own checks demand.
 _INIT_FIX = ("build each part from the course's Linear (Embedding, RMSNorm), which fills its own weight, and do not "
@@ -27,12 +27,8 @@ _SHAPES = [(7,), (), (3, 5), (2, 3, 4)]
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def _silu_name(x: Tensor) -> str:
-    return f"silu(x) with x of shape {tuple(x.shape)} ({_dtype_name(x.dtype)})"
+    return f"silu(x) with x of shape {tuple(x.shape)} ({dtype_name(x.dtype)})"
 
 
 def _run_silu(impl: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
@@ -42,13 +38,12 @@ def _run_silu(impl: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     if not torch.equal(x.detach(), before):
         fail("silu modifies its input x in place (x.mul_, x *= ..., torch.sigmoid_)",
              "return a new tensor and leave x as it was: the caller (w1's output, in SwiGLU) still needs x")
-    if not isinstance(out, Tensor):
-        fail(f"{_silu_name(x)} returned {describe(out)}, not a tensor", "return the tensor of x · sigmoid(x)")
+    expect_tensor(_silu_name(x), out, returns="return the tensor of x · sigmoid(x)")
     if out.shape != x.shape:
         fail(f"{_silu_name(x)} returned shape {tuple(out.shape)}, expected x's shape {tuple(x.shape)}",
              "silu acts element by element: no sum, mean or reshape")
     if out.dtype != x.dtype:
-        fail(f"silu returns {_dtype_name(out.dtype)} for a {_dtype_name(x.dtype)} input: the dtype is not kept",
+        fail(f"silu returns {dtype_name(out.dtype)} for a {dtype_name(x.dtype)} input: the dtype is not kept",
              "compute in x's dtype, with no .float() / .double() / .to(...); if you upcast, cast the result back "
              "to x's dtype")
     return out
@@ -129,7 +124,7 @@ def _check_silu_half(impl: Callable[[Tensor], Tensor], g: torch.Generator) -> No
         # silu(x) ≈ -1.7e-4 or less; nothing else is lost, and the wrong formulas were caught in float32 already.
         if not close(out.double(), exact, rtol=2 * eps, atol=2e-4):
             relative = ((out.double() - exact).abs() / exact.abs().clamp_min(1e-2)).max().item()
-            fail(f"{_silu_name(x)} is off by up to {relative / eps:.1f} rounding steps of {_dtype_name(dtype)}",
+            fail(f"{_silu_name(x)} is off by up to {relative / eps:.1f} rounding steps of {dtype_name(dtype)}",
                  "compute x · sigmoid(x) in x's dtype, or in float32 and cast the result back to x's dtype")
 
 
@@ -195,14 +190,12 @@ def _expected_shapes(d_model: int, d_ff: int) -> dict[str, tuple[int, int]]:
 
 
 def _make(impl: Any, d_model: int, d_ff: int, **kwargs: Any) -> nn.Module:
-    shown = ", ".join([str(d_model), str(d_ff)] + [f"{k}={v}" for k, v in kwargs.items()])
-    return call(f"{_NAME}({shown})", impl, d_model, d_ff, **kwargs)
+    return construct(_NAME, impl, d_model, d_ff, **kwargs)
 
 
 def _check_structure(impl: Any) -> None:
     """Signature; three Linear submodules w1, w2, w3 (the course's, not nn.Linear) with the right shapes; no bias."""
-    if isinstance(impl, nn.Module):
-        fail("check_swiglu got a SwiGLU object, not the class", "pass the class itself: check_swiglu(SwiGLU)")
+    refuse_instance(impl, "check_swiglu")
     check_signature(impl, ["d_model", "d_ff", "device", "dtype"], _NAME)
     module = _make(impl, _D_MODEL, _D_FF)
     found = {key: tuple(p.shape) for key, p in module.named_parameters()}
@@ -276,19 +269,8 @@ def _check_init(impl: Any) -> None:
 
 def _check_device_and_dtype(impl: Any) -> None:
     """``SwiGLU(..., device=..., dtype=...)`` creates all three weights there (the meta device: no GPU needed)."""
-    fix = "pass both on to each layer: Linear(d_model, d_ff, device=device, dtype=dtype), and the same for w2 and w3"
-    module = _make(impl, _D_MODEL, _D_FF, dtype=torch.float64)
-    wrong = {key: p.dtype for key, p in module.named_parameters() if p.dtype != torch.float64}
-    if wrong:
-        key = next(iter(wrong))
-        fail(f"{_NAME} ignores its dtype argument ({key} is {_dtype_name(wrong[key])} in {_NAME}(8, 12, dtype=torch.float64))",
-             fix)
-    module = _make(impl, _D_MODEL, _D_FF, device="meta")
-    wrong = {key: p.device for key, p in module.named_parameters() if p.device.type != "meta"}
-    if wrong:
-        key = next(iter(wrong))
-        fail(f"{_NAME} ignores its device argument ({key} was created on {wrong[key]} in {_NAME}(8, 12, device='meta'))",
-             fix)
+    check_device_and_dtype(lambda **kwargs: impl(_D_MODEL, _D_FF, **kwargs), _NAME, "pass both on to each layer: "
+                           "Linear(d_model, d_ff, device=device, dtype=dtype), and the same for w2 and w3")
 
 
 def _known_weights(d_model: int, d_ff: int, dtype: torch.dtype, seed: int) -> dict[str, Tensor]:
@@ -348,7 +330,7 @@ def _forward(module: nn.Module, x: Tensor, what: str) -> Tensor:
     try:
         return call_without_builtins(what, _SILU_BUILTINS, _SWIGLU_FIX, module, x)
     except AssertionError as error:
-        cause = error.__cause__
+        cause = crash_of(error)
         if isinstance(cause, RuntimeError) and "must match the size of tensor" in str(cause):
             fail("forward multiplies a (..., d_model) tensor by a (..., d_ff) one: w2 is applied before the product",
                  f"the product silu(w1 x) ⊙ w3 x is (..., d_ff); apply w2 last, to the product: {_FORMULA}",
@@ -358,13 +340,12 @@ def _forward(module: nn.Module, x: Tensor, what: str) -> Tensor:
 
 def _compare(y: Any, x: Tensor, w: dict[str, Tensor], what: str) -> None:
     expected = _reference(x, w)
-    if not isinstance(y, Tensor):
-        fail(f"{what} returned {describe(y)}, not a tensor", f"return the output tensor, {_FORMULA}")
+    expect_tensor(what, y, returns=f"return the output tensor, {_FORMULA}")
     if y.shape != expected.shape:
         fail(f"{what} returned shape {tuple(y.shape)}, expected {tuple(expected.shape)}",
              f"the output keeps x's leading dimensions and has d_model as its last one: {_FORMULA}")
     if y.dtype != expected.dtype:
-        fail(f"{what} returned {_dtype_name(y.dtype)} for a {_dtype_name(x.dtype)} input and weights",
+        fail(f"{what} returned {dtype_name(y.dtype)} for a {dtype_name(x.dtype)} input and weights",
              "compute in the input's dtype: no .float() / .to(...) inside forward")
     if close(y, expected):
         return
@@ -385,7 +366,7 @@ def _check_forward(impl: Any) -> None:
     for d_model, d_ff in [(_D_MODEL, _D_FF), (16, 6)]:
         for dtype in (torch.float32, torch.float64):
             seed += 1
-            what = f"{_NAME}({d_model}, {d_ff}, dtype={_dtype_name(dtype)})"
+            what = f"{_NAME}({d_model}, {d_ff}, dtype={dtype_name(dtype)})"
             module = _make(impl, d_model, d_ff, dtype=dtype)
             weights = _known_weights(d_model, d_ff, dtype, seed)
             _load(module, weights, what)

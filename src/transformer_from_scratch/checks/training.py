@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._harness import call, call_without_builtins, check_signature, close, describe, diagnose, expect_tensor, fail, generator, passed
+from ._harness import (call, call_without_builtins, check_signature, close, crash_of, describe, diagnose, expect_tensor,
+                       fail, generator, passed)
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -99,8 +100,8 @@ def _ce_ordinary(impl: Callable[..., Any]) -> None:
         try:
             out = _ce_call(impl, z, y, what)
         except AssertionError as error:
-            cause = error.__cause__
-            if len(shape) == 3 and cause is not None and not isinstance(cause, NotImplementedError):
+            cause = crash_of(error)
+            if len(shape) == 3 and cause is not None:
                 raise AssertionError(f"{what} crashes ({type(cause).__name__}), though (N, vocab) logits work: it "
                                      "does not handle leading dimensions: every position of every sequence is one "
                                      "example, so treat all the leading axes as one axis of examples.") from cause
@@ -792,7 +793,7 @@ def _batch(impl: Callable[..., Any], dataset: Any, batch_size: int, context_leng
     x, y = out
     for name, t in (("inputs", x), ("targets", y)):
         if not isinstance(t, torch.Tensor):
-            fail(f"{what} returned its {name} as {describe(t)}, not a torch tensor",
+            fail(f"{what} returned its {name} as {describe(t)}, not a tensor",
                  "convert with torch.from_numpy(...), then .to(device)")
         if tuple(t.shape) == (context_length, batch_size) and batch_size != context_length:
             fail(f"{what} returned {name} of shape {tuple(t.shape)}: batch and context are swapped",
@@ -1001,8 +1002,7 @@ def _targets(folder: str, prefix: str = "") -> list[tuple[Any, str, int]]:
 
 def _crashed(verdict: AssertionError | None) -> bool:
     """Whether a round trip's verdict is a crash of the learner's code (not a stub, not a named mistake)."""
-    return verdict is not None and verdict.__cause__ is not None and \
-        not isinstance(verdict.__cause__, NotImplementedError) and " raised " in str(verdict).splitlines()[0]
+    return verdict is not None and crash_of(verdict) is not None and " raised " in str(verdict).splitlines()[0]
 
 
 def _attempt(save: Callable[..., Any], load: Callable[..., Any], target: Any, kind: str,

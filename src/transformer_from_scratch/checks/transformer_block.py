@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import reference
-from ._harness import (BuiltinSpy, call, check_initialised, check_device_and_dtype, check_gradients, check_parameters, check_signature,
-                       close, describe, fail, generator, passed)
+from ._harness import (BuiltinSpy, call, check_buffers_device, check_device_and_dtype, check_gradients,
+                       check_initialised, check_parameters, check_signature, close, construct, expect_like, fail,
+                       generator, passed, refuse_instance)
 
 # What a composite says of a weight never filled: its parts initialise themselves, as their own checks demand.
 _INIT_FIX = ("build each part from the course's Linear (Embedding, RMSNorm), which fills its own weight, and do not "
@@ -143,8 +144,7 @@ _POSITIONS_IGNORED = (
 # ---------------------------------------------------------------------------------------------------------
 
 def _make(impl: Any, *args: Any, **kwargs: Any) -> nn.Module:
-    shown = ", ".join([repr(a) for a in args] + [f"{key}={value!r}" for key, value in kwargs.items()])
-    return call(f"{_NAME}({shown})", impl, *args, **kwargs)
+    return construct(_NAME, impl, *args, **kwargs)
 
 
 def _known_weights(gen: torch.Generator) -> dict[str, Tensor]:
@@ -181,14 +181,8 @@ def _forward(module: nn.Module, x: Tensor, positions: Tensor | None, what: str) 
     if spy.used:
         fail(f"{what} calls PyTorch's own {spy.used[0]} instead of the course's component",
              "build the block from the package's RMSNorm, MultiHeadSelfAttention and SwiGLU (your notebooks 04, 07, 08)")
-    if not isinstance(out, Tensor):
-        fail(f"{what} returned {describe(out)}, not a tensor", "return only out = y + ffn(ln2(y))")
-    if out.shape != x.shape:
-        fail(f"{what} returned shape {tuple(out.shape)}, expected {tuple(x.shape)} (the input's shape)",
-             f"both sub-layers map (..., seq, d_model) to (..., seq, d_model): {_RIGHT}")
-    if out.dtype != x.dtype:
-        fail(f"{what} returned {out.dtype} for a {x.dtype} input", "keep the input's dtype (no .float() inside)")
-    return out
+    return expect_like(what, out, x, returns="return only out = y + ffn(ln2(y))",
+                       shape_fix=f"both sub-layers map (..., seq, d_model) to (..., seq, d_model): {_RIGHT}")
 
 
 def _causality_broken(module: nn.Module, x: Tensor) -> bool:
@@ -239,9 +233,7 @@ _TORCH_MODULES = {nn.TransformerEncoderLayer: "torch.nn.TransformerEncoderLayer"
 
 def _check_structure(impl: Any) -> None:
     """Signature; the four submodules with the contract's names, each its own; parameters exactly the contract's state dict."""
-    if isinstance(impl, nn.Module):
-        fail(f"check_transformer_block got a {type(impl).__name__} object, not the class",
-             f"pass the class itself: check_transformer_block({type(impl).__name__})")
+    refuse_instance(impl, "check_transformer_block")
     check_signature(impl, _SIGNATURE, _NAME)
     module = _make(impl, *_CONFIG)
     for sub in module.modules():
@@ -282,12 +274,8 @@ def _check_init(impl: Any) -> None:
 
 def _check_devices(impl: Any) -> None:
     check_device_and_dtype(lambda **kwargs: impl(*_CONFIG, **kwargs), _NAME)
-    module = _make(impl, *_CONFIG, device="meta")
-    elsewhere = [key for key, buffer in module.named_buffers() if buffer.device.type != "meta"]
-    if elsewhere:
-        fail(f"{_NAME}(..., device='meta') creates RoPE's table {elsewhere[0]} on "
-             f"{dict(module.named_buffers())[elsewhere[0]].device}",
-             "pass device=device on to MultiHeadSelfAttention(..., device=device, dtype=dtype)")
+    check_buffers_device(lambda **kwargs: impl(*_CONFIG, **kwargs), _NAME,
+                         "pass device=device on to MultiHeadSelfAttention(..., device=device, dtype=dtype)")
 
 
 def _inputs(gen: torch.Generator, leading: tuple[int, ...], dtype: torch.dtype = torch.float64) -> Tensor:
@@ -372,7 +360,8 @@ def check_transformer_block(impl: Callable[..., Any]) -> None:
         * LayerNorm instead of RMSNorm; torch.nn.TransformerEncoderLayer, nn.MultiheadAttention, nn.RMSNorm or
           F.rms_norm / F.scaled_dot_product_attention used instead of the course's components;
         * gains not starting at ones, projections not initialised as Linear, a weight never filled; device/dtype
-          ignored; the output cast to another dtype; no gradient (detached computations); fused not passed on to the attention.
+          ignored; the output cast to another dtype; no gradient (detached computations); fused not passed on to the attention;
+        * (if the class takes them) num_kv_heads, norm_eps or the cache not passed on.
     """
     with torch.random.fork_rng(devices=[]):
         _check_structure(impl)
@@ -382,8 +371,50 @@ def check_transformer_block(impl: Callable[..., Any]) -> None:
         _check_outputs(impl, gen)
         _check_gradients(impl, gen)
         _check_fused(impl, gen)
+        _check_keywords(impl)
     fused = "fused" in inspect.signature(impl.__init__).parameters
+    grouped = "num_kv_heads" in inspect.signature(impl.__init__).parameters
     passed("check_transformer_block: ln1/attn/ln2/ffn with the course's state-dict names; pre-norm wiring; "
            "matches F.rms_norm + F.linear + F.silu + F.scaled_dot_product_attention"
            "(is_causal=True) with known weights (3 leading shapes, float32/64, token positions); gradients"
-           + ("; fused=True" if fused else ""))
+           + ("; fused=True" if fused else "") + ("; num_kv_heads, norm_eps and the cache passed on" if grouped else ""))
+
+
+def _check_keywords(impl: Any) -> None:
+    """If the class takes them: num_kv_heads and norm_eps reach the attention and the two norms, and `cache` reaches
+    the attention (a stand-in with notebook 12's contract: `length`, and `update` that appends and returns all)."""
+    takes = inspect.signature(impl.__init__).parameters
+    if "num_kv_heads" in takes:
+        module = _make(impl, *_CONFIG, num_kv_heads=1)
+        rows = tuple(getattr(getattr(getattr(module, "attn", None), "k_proj", None), "weight", torch.empty(0)).shape)
+        if rows != (_D // _HEADS, _D):
+            fail(f"{_NAME}(..., num_kv_heads=1) has attn.k_proj.weight of shape {rows}, not ({_D // _HEADS}, {_D}): "
+                 "num_kv_heads is not passed on to the attention",
+                 "build attn with MultiHeadSelfAttention(..., num_kv_heads=num_kv_heads)")
+    if "norm_eps" in takes:
+        module = _make(impl, *_CONFIG, norm_eps=0.1)
+        if (getattr(module.ln1, "eps", None), getattr(module.ln2, "eps", None)) != (0.1, 0.1):
+            fail(f"{_NAME}(..., norm_eps=0.1) builds ln1 and ln2 with ε {getattr(module.ln1, 'eps', None)} and "
+                 f"{getattr(module.ln2, 'eps', None)}", "pass norm_eps on to both norms, RMSNorm(d_model, norm_eps, …)")
+    if "cache" in inspect.signature(impl.forward).parameters:
+        class Cache:
+            length, keys, values = 0, None, None
+
+            def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+                self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=-2)
+                self.values = v if self.values is None else torch.cat([self.values, v], dim=-2)
+                self.length = self.keys.shape[-2]
+                return self.keys, self.values
+
+        module, cache = _make(impl, *_CONFIG, dtype=torch.float64), Cache()
+        x = torch.randn(2, 4, _D, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+        with torch.no_grad():
+            rows = [call(f"{_NAME}(x[:, :3], cache=...)", module, x[:, :3], cache=cache)]
+            if cache.length != 3:
+                fail(f"{_NAME}(x, cache=...) never hands the cache to its attention (it holds {cache.length} "
+                     "positions after 3 tokens)", "pass it on: self.attn(self.ln1(x), token_positions, cache=cache)")
+            rows.append(call(f"{_NAME}(x[:, 3:], cache=...)", module, x[:, 3:], cache=cache))
+            if not close(torch.cat(rows, dim=-2), module(x)):
+                fail(f"{_NAME} with a cache differs from the rows of the whole input",
+                     "pass the cache on to the attention and nothing else: the norms, the residuals and the "
+                     "feed-forward network work on each token alone")

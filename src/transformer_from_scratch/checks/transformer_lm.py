@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import reference
-from ._harness import (BuiltinSpy, call, check_initialised, check_device_and_dtype, check_parameters, check_signature, close, describe, fail,
-                       generator, passed)
+from ._harness import (BuiltinSpy, call, check_buffers_device, check_device_and_dtype, check_initialised,
+                       check_parameters, check_signature, close, construct, crash_of, expect_tensor, fail, generator,
+                       passed, refuse_instance)
 
 # What a composite says of a weight never filled: its parts initialise themselves, as their own checks demand.
 _INIT_FIX = ("build each part from the course's Linear (Embedding, RMSNorm), which fills its own weight, and do not "
@@ -112,7 +113,7 @@ _POSITION_VARIANTS = [
 # ---------------------------------------------------------------------------------------------------------
 
 def _make(impl: Any, *args: Any, **kwargs: Any) -> nn.Module:
-    return call(f"{_NAME}{args}" if not kwargs else f"{_NAME}{args} with {kwargs}", impl, *args, **kwargs)
+    return construct(_NAME, impl, *args, **kwargs)
 
 
 def _known_weights(gen: torch.Generator) -> dict[str, Tensor]:
@@ -145,15 +146,14 @@ def _forward(module: nn.Module, ids: Tensor, positions: Tensor | None, what: str
     try:
         out = call(what, module, ids) if positions is None else call(what, module, ids, positions)
     except AssertionError as error:
-        cause = str(error.__cause__ or "")
+        cause = str(crash_of(error) or "")
         if f"got values from 1 to {ids.shape[-1]}" in cause:
             fail("the default positions are shifted by one (1 … seq instead of 0 … seq - 1): the last token of a "
                  "full-length sequence falls off the end of RoPE's table",
                  "positions start at 0: the default is 0 … seq − 1, passed on unchanged",
                  f"{what}: {cause.splitlines()[0]}")
         raise
-    if not isinstance(out, Tensor):
-        fail(f"{what} returned {describe(out)}, not a tensor", "return the logits, lm_head's output")
+    expect_tensor(what, out, returns="return the logits, lm_head's output")
     expected = (*ids.shape, _V)
     if out.shape != expected:
         if tuple(out.shape) == (*ids.shape[:-1], _V):
@@ -217,9 +217,7 @@ def _named_alias(module: nn.Module, name: str) -> str | None:
 
 def _check_structure(impl: Any) -> None:
     """The signature; layers a registered ModuleList of distinct blocks; the contract's names and shapes, nothing else."""
-    if isinstance(impl, nn.Module):
-        fail(f"check_transformer_lm got a {type(impl).__name__} object, not the class",
-             f"pass the class itself: check_transformer_lm({type(impl).__name__})")
+    refuse_instance(impl, "check_transformer_lm")
     check_signature(impl, _SIGNATURE, _NAME)
     module = _make(impl, *_CONFIG)
     layers = vars(module).get("layers", getattr(module, "layers", None))
@@ -273,11 +271,8 @@ def _check_init(impl: Any) -> None:
 
 def _check_devices(impl: Any) -> None:
     check_device_and_dtype(lambda **kwargs: impl(*_CONFIG, **kwargs), _NAME)
-    module = _make(impl, *_CONFIG, device="meta")
-    elsewhere = [key for key, buffer in module.named_buffers() if buffer.device.type != "meta"]
-    if elsewhere:
-        fail(f"{_NAME}(..., device='meta') creates the buffer {elsewhere[0]} elsewhere",
-             "pass device=device on to every block (and so to RoPE)")
+    check_buffers_device(lambda **kwargs: impl(*_CONFIG, **kwargs), _NAME,
+                         "pass device=device on to every block (and so to RoPE)")
 
 
 def _check_forward(impl: Any, gen: torch.Generator) -> None:
@@ -373,7 +368,9 @@ def check_transformer_lm(impl: Callable[..., Any]) -> None:
         * blocks' outputs thrown away (layer(x) without x =); the residual added twice (x = x + layer(x));
           every block reading the embeddings;
         * token_embeddings or lm_head not initialised as their recipe says, or a weight never filled;
-        * device/dtype ignored; no gradient (detached computations).
+        * device/dtype ignored; no gradient (detached computations);
+        * (if the class takes them) num_kv_heads or norm_eps not passed on to every block (and norm_eps to
+          ln_final); the caches never handed to the blocks, or not one per block.
     """
     with torch.random.fork_rng(devices=[]):
         _check_structure(impl)
@@ -383,7 +380,83 @@ def check_transformer_lm(impl: Callable[..., Any]) -> None:
         _check_forward(impl, gen)
         _check_gradients(impl, gen)
         _check_fused(impl, gen)
+        _check_keywords(impl, gen)
+        _check_cache_hook(impl, gen)
     passed(f"check_transformer_lm: token_embeddings -> {_L} layers (nn.ModuleList) -> ln_final -> lm_head with the "
            "course's state-dict names; logits match a reference from PyTorch built-ins with known weights (3 "
            "leading shapes, float32/64, uneven token_positions); gradients"
-           + ("; fused=True" if "fused" in inspect.signature(impl.__init__).parameters else ""))
+           + ("; fused=True" if "fused" in inspect.signature(impl.__init__).parameters else "")
+           + ("; num_kv_heads and norm_eps passed on" if "num_kv_heads" in inspect.signature(impl.__init__).parameters
+              else "")
+           + ("; a cache per block" if "cache" in inspect.signature(impl.forward).parameters else ""))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The keywords passed on to the blocks (num_kv_heads, norm_eps) and the cache's hook
+# ---------------------------------------------------------------------------------------------------------
+
+def _check_keywords(impl: Any, gen: torch.Generator) -> None:
+    """If the class takes them: num_kv_heads (1 key/value head for the 3 query heads) and norm_eps (0.1) reach every
+    block, and the logits are the reference's with them."""
+    takes = inspect.signature(impl.__init__).parameters
+    if "num_kv_heads" in takes:
+        module = _make(impl, *_CONFIG, dtype=torch.float64, num_kv_heads=1)
+        rows = {name: tuple(p.shape) for name, p in module.named_parameters() if name.endswith("k_proj.weight")}
+        if set(rows.values()) != {(_D // _H, _D)}:
+            fail(f"{_NAME}(..., num_kv_heads=1) has k_proj weights of shapes {sorted(set(rows.values()))}, not "
+                 f"({_D // _H}, {_D}): num_kv_heads is not passed on to the blocks",
+                 "build every block with TransformerBlock(..., num_kv_heads=num_kv_heads), which passes it on to its "
+                 "attention")
+        weights = _known_weights(gen)
+        for name in rows:
+            for proj in ("k_proj", "v_proj"):
+                weights[name.replace("k_proj", proj)] = weights[name.replace("k_proj", proj)][: _D // _H]
+        _load(module, weights, torch.float64)
+        ids = _ids(gen, 2, 6)
+        out = call(f"{_NAME}(..., num_kv_heads=1) on token ids of shape (2, 6)", module, ids)
+        if not close(out, reference.transformer_lm(ids, weights, _H, _THETA)):
+            fail(f"{_NAME}(..., num_kv_heads=1) differs from the reference with one key/value head, though the model "
+                 "without grouping matches it", "pass num_kv_heads on to every block, unchanged")
+    if "norm_eps" in takes:
+        module = _make(impl, *_CONFIG, dtype=torch.float64, norm_eps=0.1)
+        eps = {name: getattr(m, "eps", None) for name, m in module.named_modules()
+               if name.endswith(("ln1", "ln2", "ln_final"))}
+        wrong = sorted(name for name, value in eps.items() if value != 0.1)
+        if wrong:
+            fail(f"{_NAME}(..., norm_eps=0.1) leaves {', '.join(wrong)} with another ε",
+                 "pass norm_eps on to every block (its ln1 and ln2) and to ln_final")
+
+
+def _check_cache_hook(impl: Any, gen: torch.Generator) -> None:
+    """If forward takes ``cache``: one cache per block, block i getting cache[i]; a prompt then single ids with the
+    course's KVCache give the logits of the whole sequence."""
+    if "cache" not in inspect.signature(impl.forward).parameters:
+        return
+    from ..kv_cache import KVCache  # the course's: what is checked here is how the model hands the caches down
+    weights = _known_weights(gen)
+    module = _make(impl, *_CONFIG, dtype=torch.float64)
+    _load(module, weights, torch.float64)
+    ids = _ids(gen, 2, _CTX)
+    caches = call("KVCache.for_model(your model, batch=2)", KVCache.for_model, module, 2)
+    what = f"{_NAME} with one KVCache per block: a prompt of 5 ids, then single ids"
+    shared = (f"{what}: every block writes into the first cache (they hold {{}} positions after a prompt of 5 ids): "
+              "the blocks may not share one")
+    with torch.no_grad():
+        try:
+            rows = [call(what, module, ids[:, :5], cache=caches)]
+        except AssertionError:
+            if caches[0].length >= 5 and all(cache.length == 0 for cache in caches[1:]):
+                fail(shared.format([cache.length for cache in caches]), "hand block i its own cache, cache[i]: each "
+                     "layer stores its own keys and values")
+            raise
+        if [cache.length for cache in caches] == [0] * _L:
+            fail(f"{what}: the caches stay empty, the blocks never got them",
+                 "hand block i its own cache, layer(x, token_positions, cache=cache[i])")
+        if [cache.length for cache in caches] != [5] * _L:
+            fail(shared.format([cache.length for cache in caches]), "hand block i its own cache, cache[i]: each "
+                 "layer stores its own keys and values")
+        rows += [call(what, module, ids[:, i:i + 1], cache=caches) for i in range(5, _CTX)]
+    if not close(torch.cat(rows, dim=-2), _lm(ids, weights)):
+        fail(f"{what}: the logits differ from the model's on the whole sequence",
+             "hand block i its own cache, cache[i] (the blocks may not share one), and run the ids as they are: the "
+             "attention places them after what its cache holds")

@@ -30,17 +30,17 @@ import symtable
 import sys
 from pathlib import Path
 
+from .._project import (GENERATED_HEADER, LEARNER_HEADER, PACKAGE, PACKAGE_DIR, REFERENCE_HEADER, REFERENCE_PREFIX,
+                        repo_root)
 from . import failures
 
 MARKER = "#| export"
-PACKAGE = "transformer_from_scratch"
 # The learner's own package in the student edition: notebooks/student/my_transformer/ (see nbtools.student).
 STUDENT_PACKAGE = "my_transformer"
 # nbgrader's solution markers: `make student` blanks what lies between them; the module leaves the lines out.
 _SOLUTION_MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.MULTILINE)
 _NOTEBOOK_NAME = re.compile(r"^\d\d_(?P<module>[a-z][a-z0-9_]*)\.ipynb$")
 _HASH_LINE = re.compile(r"^# body-sha256: (?P<digest>[0-9a-f]{64})$", re.MULTILINE)
-_REFERENCE_FIRST_LINE = "# The course's reference, not your code"
 # A stub of a final class in the student edition:
 # raise NotImplementedError('Linear.forward is not written yet: write it in …')
 _FINAL_CLASS_STUB = re.compile(r"""raise NotImplementedError\(['"](\S+) is not written yet: write it in """)
@@ -72,7 +72,10 @@ def module_path(notebook: Path) -> Path:
     student_package = notebook.parent / STUDENT_PACKAGE
     if (student_package / "__init__.py").is_file():
         return student_package / f"{module_name(notebook)}.py"
-    package_dir = notebook.parent.parent / "src" / PACKAGE
+    try:
+        package_dir = repo_root(notebook.parent) / "src" / PACKAGE
+    except FileNotFoundError as error:
+        raise ExportError(f"{notebook}: {error}") from None
     if not package_dir.is_dir():
         raise ExportError(f"{notebook}: expected the package at {package_dir} (notebooks/ and src/ side by side)")
     return package_dir / f"{module_name(notebook)}.py"
@@ -116,14 +119,13 @@ def render(notebook: Path, sources: list[str], *, reference: bool = False) -> st
     digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
     name = Path(notebook).name
     if reference:
-        first = (f"{_REFERENCE_FIRST_LINE}: chosen with export_notebook(\"{name}\", reference=True) in {name}; once "
-                 f"yours is written, run export_notebook(\"{name}\") there to use it.\n")
+        first = REFERENCE_HEADER
     elif (Path(notebook).resolve().parent / STUDENT_PACKAGE / "__init__.py").is_file():
-        first = f"# Written from your {name} by its export cell: edit the notebook, not this file.\n"
+        first = LEARNER_HEADER
     else:
-        first = f"# Generated from notebooks/{Path(notebook).name} by `make export`: edit the notebook, not this file.\n"
+        first = GENERATED_HEADER
     header = (
-        first +
+        first.format(notebook=name) + "\n" +
         "# A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).\n"
         f"# body-sha256: {digest}\n"
     )
@@ -202,7 +204,7 @@ def export_notebook(notebook: str | Path, *, force: bool = False, quiet: bool = 
             f"{_relative(target)} was left as it was"
         )
     old = target.read_text(encoding="utf-8") if target.exists() else None
-    if stubs and old is not None and old.startswith(_REFERENCE_FIRST_LINE):
+    if stubs and old is not None and old.startswith(REFERENCE_PREFIX):
         if not quiet:
             print(f"{_relative(target)}: kept the reference you chose: {', '.join(stubs)} not written "
                   f"yet in {notebook.name}; once they are, export again to use yours")
@@ -230,11 +232,11 @@ def export_notebook(notebook: str | Path, *, force: bool = False, quiet: bool = 
 
 def _reference_module(notebook: Path, target: Path) -> tuple[list[str], str]:
     """The public names of the reference module for ``notebook``, and a module body that re-exports every name it
-    defines: the private helpers too, which later notebooks import (12 takes transformer_lm's ``_check_generate``)."""
+    defines: the private helpers too, which later notebooks may import."""
     if target.parent.name != STUDENT_PACKAGE:
         raise ExportError(f"{notebook.name}: reference=True is for the student edition; this notebook *is* the reference")
     module = module_name(notebook)
-    reference = Path(__file__).resolve().parents[1] / f"{module}.py"
+    reference = PACKAGE_DIR / f"{module}.py"
     tree = ast.parse(reference.read_text(encoding="utf-8"))
     definitions = [node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))]
     defined = definitions + [assigned.id for node in tree.body if isinstance(node, ast.Assign)
@@ -325,8 +327,7 @@ def unload_ipython_extension(ipython) -> None:
 
 
 def _default_notebooks() -> list[Path]:
-    repo = Path(__file__).resolve().parents[3]
-    return sorted((repo / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    return sorted((repo_root() / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,9 +45,10 @@ from nbconvert.preprocessors import ClearOutputPreprocessor, Preprocessor
 from nbgrader.preprocessors import ClearSolutions
 from traitlets import List, Unicode
 
+from .._project import generated_from, repo_root
 from .export import PACKAGE, STUDENT_PACKAGE, export_cells, module_name, render
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = repo_root()
 DEFAULT_OUT = REPO / "notebooks" / "student"
 MANIFEST = ".generated.json"
 CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"  # ClearSolutions' stub; StudentEdition names it
@@ -73,7 +74,7 @@ def component_modules() -> list[str]:
     """The reference package's component modules (those generated from a notebook), e.g. ``["attention", ...]``."""
     package = REPO / "src" / PACKAGE
     return sorted(p.stem for p in package.glob("*.py")
-                  if p.read_text(encoding="utf-8").startswith("# Generated from notebooks/"))
+                  if generated_from(p.read_text(encoding="utf-8")))
 
 
 def public_names(module: str) -> list[str]:

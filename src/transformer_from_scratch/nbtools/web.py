@@ -28,7 +28,9 @@ from pathlib import Path
 import nbformat
 from nbconvert.preprocessors import Preprocessor
 
-REPO = Path(__file__).resolve().parents[3]
+from .._project import repo_root
+
+REPO = repo_root()
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 NODE_MODULES = REPO / "node_modules"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

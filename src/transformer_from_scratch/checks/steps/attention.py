@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .._harness import call, describe, diagnose, fail, generator, passed
+from .._harness import call, call_for_tensor, crash_of, diagnose, expect_tensor, fail, generator, passed
 
 
 def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
@@ -17,12 +17,6 @@ def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
 
 def _shape(t: torch.Tensor) -> str:
     return str(tuple(t.shape))
-
-
-def _tensor(what: str, out: Any, fix: str) -> torch.Tensor:
-    if not isinstance(out, torch.Tensor):
-        fail(f"{what} returned {describe(out)}, not a tensor", fix)
-    return out
 
 
 class _BatchedTranspose(TorchFunctionMode):
@@ -70,7 +64,7 @@ def check_attention_scores(attention_scores: Callable[[torch.Tensor, torch.Tenso
                 raise
         if spy.seen:
             _batched_transpose(what)
-        out = _tensor(what, out, "return the (..., n, m) score matrix")
+        out = expect_tensor(what, out, returns="return the (..., n, m) score matrix")
         raw = Q @ K.transpose(-2, -1)
         diagnose(what, out, raw / math.sqrt(d_k), [
             (raw, "the scores are not scaled", "divide them by math.sqrt(d_k), d_k = Q.shape[-1]: the spread of q·k "
@@ -113,8 +107,7 @@ def check_attend(attend: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -
             scores[..., 0, 1] = float("-inf")  # a blocked key, as the mask of Step 3 leaves it
         what = f"attend(scores of shape {_shape(scores)}{', entries of several hundred' if scale > 1 else ''}, " \
                f"V of shape {_shape(V)})"
-        out = _tensor(what, call(what, attend, scores, V),
-                      "return the (..., n, d_v) output")
+        out = call_for_tensor(what, attend, scores, V, returns="return the (..., n, d_v) output")
         weights = _softmax(scores)
         if out.shape == weights.shape and out.shape != (*leading, n, d_v):
             if torch.allclose(out, weights, equal_nan=True):
@@ -156,7 +149,7 @@ def check_masked_scores(masked_scores: Callable[[torch.Tensor, torch.Tensor], to
         mask[..., 1, 1] = False
         before = scores.clone()
         what = f"masked_scores(scores of shape {_shape(scores)}, a bool mask of shape {_shape(mask)})"
-        out = _tensor(what, call(what, masked_scores, scores, mask), "return the scores with the blocked ones at -inf")
+        out = call_for_tensor(what, masked_scores, scores, mask, returns="return the scores with the blocked ones at -inf")
         if not torch.equal(scores, before):
             fail("the scores are changed in place (masked_fill_, or an assignment into scores)",
                  "return a new tensor: scores.masked_fill(...) without the underscore, or torch.where; the caller's "
@@ -217,13 +210,13 @@ def check_attend_masked(attend_masked: Callable[[torch.Tensor, torch.Tensor, tor
     try:
         out = call(what, attend_masked, scores, mask, V)
     except AssertionError as error:
-        cause = error.__cause__
+        cause = crash_of(error)
         if isinstance(cause, RuntimeError) and "must match the size" in str(cause):
             fail("the rows with no allowed key, shape (..., n), do not broadcast against the (..., n, d_v) output: "
                  "the reduced dimension is dropped", "keep it when you reduce the mask over the keys "
                  "(keepdim=True), so that it has shape (..., n, 1)", f"on {what}: {str(cause).splitlines()[0]}")
         raise
-    out = _tensor(what, out, "return the (..., n, d_v) output")
+    out = expect_tensor(what, out, returns="return the (..., n, d_v) output")
     expected = _reference_attend_masked(scores.detach(), mask, V.detach())
     if out.shape == expected.shape and (out.detach()[~no_key.expand_as(out)] == 0).all():
         fail("the rows that DO have an allowed key are the ones zeroed: the test for 'no allowed key' is inverted",

@@ -9,33 +9,11 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from .._harness import BuiltinSpy, call, diagnose, expect_tensor, fail, generator, passed
+from .._harness import (TRUNCATED_STD as _TRUNCATED_STD, BuiltinSpy, attempt, call, crashed, diagnose, expect_tensor,
+                        fail, first_line, generator, passed, truncated_std)
 
 _NO_EMBEDDING = {F.embedding: "F.embedding", torch.embedding: "torch.embedding"}
-_TRUNCATED_STD = 0.98658  # the std of N(0, 1) truncated to [-3, 3]
-_CUT_AT_2_STD = 0.87962  # the std of N(0, 1) truncated to [-2, 2], trunc_normal_'s default cut
-
-
-def _attempt(what: str, fn: Callable[..., Any], *args: Any) -> tuple[Any, Exception | None]:
-    """``(fn(*args), None)``, or ``(None, error)`` when the learner's code raises (an ``assert`` of theirs
-    included); a stub still fails as "not written yet"."""
-    try:
-        return fn(*args), None
-    except NotImplementedError:
-        call(what, fn, *args)  # the harness's verdict: "... is not written yet"
-        raise
-    except Exception as error:  # noqa: BLE001 - the check turns it into a verdict
-        return None, error
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [""])[0]
-
-
-def _crashed(what: str, error: Exception) -> None:
-    """The harness's verdict for a crash of the learner's code, with the original error chained."""
-    raise AssertionError(f"{what} raised {type(error).__name__} ({_first_line(error)}): read the error below and "
-                         "fix that line first.") from error
+_CUT_AT_2_STD = truncated_std(2.0)  # 0.8796, trunc_normal_'s default cut
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -62,7 +40,7 @@ def check_lookup(lookup: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -
             ids[0], ids[1], ids[-1] = V - 1, 0, ids[2]  # both ends of the range, and a repeated id
         what = f"lookup(table of shape {(V, d)}, ids of shape {_shape(shape)})"
         with BuiltinSpy(_NO_EMBEDDING) as spy:
-            out, error = _attempt(what, lookup, table, ids)
+            out, error = attempt(what, lookup, table, ids)
         if spy.used:
             fail(f"{what} calls PyTorch's own {spy.used[0]}, the built-in this notebook builds",
                  "gather the rows yourself: index the table with the ids (or torch.index_select)")
@@ -70,12 +48,12 @@ def check_lookup(lookup: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -
             if isinstance(error, IndexError) and "out of bounds" in str(error) and f"size {d}" in str(error):
                 fail("lookup reads columns of the table (table[:, ids] or table.T[ids]) instead of rows",
                      "the table has one row per token: index its first dimension",
-                     f"{what}: {type(error).__name__}: {_first_line(error)}")
+                     f"{what}: {type(error).__name__}: {first_line(error)}")
             if ids.numel() == 0 and "-1" in str(error):
                 fail(f"{what} fails: reshape(..., -1) cannot work out the row length when there are no ids",
                      "reshape to the ids' shape followed by table.shape[-1], the row length, not -1",
-                     f"{type(error).__name__}: {_first_line(error)}")
-            _crashed(what, error)
+                     f"{type(error).__name__}: {first_line(error)}")
+            crashed(what, error)
         expected = table[ids.reshape(-1)].reshape(*shape, d)
         if isinstance(out, torch.Tensor) and len(shape) != 1 and tuple(out.shape) == (ids.numel(), d) \
                 and torch.equal(out, expected.reshape(-1, d)):
@@ -118,18 +96,18 @@ def check_one_hot_lookup(one_hot_lookup: Callable[[torch.Tensor, torch.Tensor], 
     for dtype, ids in cases:
         table = torch.randn(V, d, generator=gen, dtype=dtype)
         what = f"one_hot_lookup(a {dtype} table of shape {(V, d)}, ids of shape {_shape(tuple(ids.shape))})"
-        out, error = _attempt(what, one_hot_lookup, table, ids)
+        out, error = attempt(what, one_hot_lookup, table, ids)
         if error is not None:
             message = str(error)
             if isinstance(error, RuntimeError) and ("dtype" in message or "scalar type" in message):
                 fail("the one-hot rows are not in the table's dtype (F.one_hot returns int64), and a matrix product "
                      "needs both sides in one dtype", "convert them with .to(table.dtype) before multiplying",
-                     f"{what}: {type(error).__name__}: {_first_line(error)}")
+                     f"{what}: {type(error).__name__}: {first_line(error)}")
             if isinstance(error, RuntimeError) and "cannot be multiplied" in message and int(ids.max()) < V - 1:
                 fail("F.one_hot is called without num_classes, so it makes max(ids) + 1 columns instead of V",
                      "pass num_classes=table.shape[0]: a batch need not contain the last token of the vocabulary",
-                     f"{what} with largest id {int(ids.max())}: {type(error).__name__}: {_first_line(error)}")
-            _crashed(what, error)
+                     f"{what} with largest id {int(ids.max())}: {type(error).__name__}: {first_line(error)}")
+            crashed(what, error)
         expected = table[ids.reshape(-1)].reshape(*ids.shape, d)
         if ids.ndim == 1 and isinstance(out, torch.Tensor) and tuple(out.shape) == (d, len(ids)) and \
                 torch.allclose(out, expected.T):
@@ -144,7 +122,7 @@ def check_one_hot_lookup(one_hot_lookup: Callable[[torch.Tensor, torch.Tensor], 
     table = torch.randn(V, d, generator=gen, dtype=torch.float64)
     table[3] = float("nan")  # a row that no id below uses
     ids = torch.tensor([0, 5, 1])
-    out, error = _attempt("one_hot_lookup", one_hot_lookup, table, ids)
+    out, error = attempt("one_hot_lookup", one_hot_lookup, table, ids)
     if error is None and isinstance(out, torch.Tensor) and not torch.isnan(out).any():
         fail("one_hot_lookup looks the rows up directly, with no one-hot product: a NaN in an unused row of the table "
              "reaches no output", "build the one-hot rows of the ids and multiply them by the table: the product "
@@ -165,21 +143,21 @@ def check_refuse_out_of_range(refuse_out_of_range: Callable[[torch.Tensor, int],
     """
     V = 10
     what = lambda ids: f"refuse_out_of_range(ids {ids}, num_embeddings={V})"  # noqa: E731
-    outcome = lambda ids: _attempt(what(ids), refuse_out_of_range, torch.tensor(ids), V)  # noqa: E731
+    outcome = lambda ids: attempt(what(ids), refuse_out_of_range, torch.tensor(ids), V)  # noqa: E731
     for ids, refused in [([[3, 4], [5, 5]], "ids well inside the valid range"), ([0, 5], "id 0, a valid id"),
                          ([9, 5], f"the largest valid id, num_embeddings - 1 = {V - 1}")]:
         _, error = outcome(ids)
         if isinstance(error, ValueError):
             fail(f"refuse_out_of_range refuses {refused}", "valid ids are 0 ... num_embeddings - 1: refuse an id "
-                 "< 0 or >= num_embeddings", f"{what(ids)}: ValueError: {_first_line(error)}")
+                 "< 0 or >= num_embeddings", f"{what(ids)}: ValueError: {first_line(error)}")
         if error is not None:
-            _crashed(what(ids), error)
+            crashed(what(ids), error)
     for shape in [(0,), (2, 0)]:
-        _, error = _attempt(f"refuse_out_of_range(empty ids of shape {shape}, num_embeddings={V})",
+        _, error = attempt(f"refuse_out_of_range(empty ids of shape {shape}, num_embeddings={V})",
                             refuse_out_of_range, torch.empty(shape, dtype=torch.long), V)
         if error is not None:
             fail(f"refuse_out_of_range crashes on empty ids of shape {shape} ({type(error).__name__}: "
-                 f"{_first_line(error)})", "check only when ids.numel() > 0: the min and max of nothing are undefined")
+                 f"{first_line(error)})", "check only when ids.numel() > 0: the min and max of nothing are undefined")
     for ids, mistake in [([3, 10], f"an id equal to num_embeddings ({V}) is let through, but valid ids stop at "
                           f"{V - 1} (> where >= is meant)"),
                          ([-1, 4], "negative ids are let through (plain indexing would read -1 as the last row)")]:
@@ -192,13 +170,13 @@ def check_refuse_out_of_range(refuse_out_of_range: Callable[[torch.Tensor, int],
                  + (" (an assert: switched off by python -O, and its message is for programmers)"
                     if isinstance(error, AssertionError) else ""),
                  "raise ValueError(...) yourself: a wrong value of an argument is a ValueError",
-                 f"{what(ids)}: {type(error).__name__}: {_first_line(error)}")
+                 f"{what(ids)}: {type(error).__name__}: {first_line(error)}")
     ids = [[3, -4], [12, 7]]
     _, error = outcome(ids)
     if not isinstance(error, ValueError):
         fail(f"{what(ids)} raises no ValueError, though -4 and 12 lie outside [0, {V - 1}]",
              "compare the smallest id with 0 and the largest with num_embeddings",
-             "raised nothing" if error is None else f"{type(error).__name__}: {_first_line(error)}")
+             "raised nothing" if error is None else f"{type(error).__name__}: {first_line(error)}")
     message = str(error)
     missing = [name for name, pattern in [("the smallest id (-4)", r"(?<![\d.])-4(?![\d.])"),
                                           ("the largest id (12)", r"(?<![\d.-])12(?![\d.])"),

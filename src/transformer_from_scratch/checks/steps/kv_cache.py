@@ -450,7 +450,8 @@ def check_greedy_with_cache(greedy_with_cache: Callable[..., Tensor]) -> None:
                 if "no new ids" in cause:
                     fail(*_STALE, f"on {what}: {cause}")
                 raise
-            if not isinstance(out, Tensor) or out.ndim != 1:
+            out = expect_tensor(what, out, returns="return the new ids as one sequence, a 1-D tensor")
+            if out.ndim != 1:
                 fail(f"{what} returned {describe(out)}, not a 1-D tensor of ids", "return the new ids as one sequence")
             got, expected = out.tolist(), _expected_greedy(prompt, n)
             text = list(prompt)

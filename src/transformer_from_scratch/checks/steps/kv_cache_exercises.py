@@ -164,7 +164,7 @@ def check_gqa_attention(gqa_attention: Callable[..., Tensor]) -> None:
                          "every query head attends and gets its own output: each KV head serves the "
                          f"{group} query heads of its group")
                 expect_tensor(what, out, (batch, heads, new, d_k), "return one output per query head, (batch, H, "
-                              "n, d_k)")
+                              "n, d_k), in q's dtype", dtype=q.dtype)
                 expected = _attend(q, k, v, mask)
                 if close(out, expected):
                     continue

@@ -8,11 +8,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .._harness import (call, call_without_builtins, close, diagnose, expect_tensor, fail, generator, passed,
-                        unfilled_is_nan)
+from .._harness import (TRUNCATED_STD as _TRUNCATED_STD, call, call_without_builtins, close, diagnose, expect_tensor,
+                        fail, generator, passed, unfilled_is_nan)
 
 _NO_LINEAR = {F.linear: "F.linear", torch._C._nn.linear: "F.linear"}
-_TRUNCATED_STD = 0.98658  # the std of N(0, 1) truncated to [-3, 3], in units of the std before the cut
 
 
 def check_apply_weight(apply_weight: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:

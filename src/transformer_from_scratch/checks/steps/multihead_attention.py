@@ -435,3 +435,51 @@ def check_multihead_draft(multihead_draft: Callable[..., Tensor]) -> None:
         diagnose(what, out, _attend(x, w, heads, theta, positions), variants, fix)
     passed("multihead_draft: causal multi-head self-attention with known weights, without RoPE and with it at the "
            "default, per-sequence and shared positions, with 0, 1 and 2 leading dimensions")
+
+
+# ------------------------------------------------------------------------------------------- grouped-query attention
+
+def _repeat_variants(t: Tensor, group: int) -> list[tuple[Callable[[], Tensor], str, str]]:
+    heads = t.shape[-3]
+    order = "key/value head j serves query heads j·g … j·g+g-1: each head's g copies side by side (0, 0, 1, 1)"
+    return [
+        (lambda: torch.cat([t] * group, dim=-3), "the key/value heads are tiled (0, 1, 0, 1): query head h reads "
+         "key/value head h mod H_kv instead of h // g", order),
+        (lambda: t[..., :1, :, :].expand(*t.shape[:-3], heads * group, *t.shape[-2:]), "every query head reads "
+         "key/value head 0: the other key/value heads are never used", order),
+    ]
+
+
+def check_repeat_kv(repeat_kv: Callable[[Tensor, int], Tensor]) -> None:
+    """Check ``repeat_kv(t, group)``: (..., kv_heads, seq, d_k) -> (..., kv_heads·group, seq, d_k), output head h
+    being input head h // group (grouped-query attention: key/value head j serves query heads j·g … j·g+g-1).
+
+    Checked in float64 with 0, 1 and 2 leading dimensions, groups of 1, 2 and 3, and kv_heads, seq and d_k all
+    different. Mistakes it recognises: the heads tiled (0, 1, 0, 1) instead of each repeated in place (0, 0, 1, 1);
+    one key/value head shared by every query head; the copies made along the sequence or the features; the heads
+    axis counted from the front (right for one number of leading dimensions only); group ignored.
+    """
+    gen = generator(0)
+    fix = "repeat each key/value head g times in place, along the heads axis (the third from the end)"
+    for lead, kv_heads, seq, d_k, group in [((2,), 2, 5, 4, 3), ((), 3, 4, 2, 2), ((2, 3), 2, 3, 5, 2),
+                                            ((3,), 4, 6, 3, 1)]:
+        t = torch.randn(*lead, kv_heads, seq, d_k, generator=gen, dtype=torch.float64)
+        what = f"repeat_kv(t of shape {tuple(t.shape)}, group={group})"
+        out = call(what, repeat_kv, t.clone(), group)
+        expected = t.repeat_interleave(group, dim=-3)
+        if isinstance(out, Tensor) and tuple(out.shape) != tuple(expected.shape):
+            shape = tuple(out.shape)
+            if shape == tuple(t.shape) and group > 1:
+                fail(f"{what} returned shape {shape}, the input's: the key/value heads were not repeated",
+                     "make g copies of each key/value head, so that there is one per query head")
+            if len(lead) != 1 and shape == tuple(t.repeat_interleave(group, dim=1).shape):
+                fail(f"{what} returned shape {shape}, expected {tuple(expected.shape)}: the heads axis is counted "
+                     "from the front, which is right for one number of leading dimensions only",
+                     "count it from the end: the heads are the third axis from the end, whatever leads")
+            if shape in ((*lead, kv_heads, seq * group, d_k), (*lead, kv_heads, seq, d_k * group)):
+                fail(f"{what} returned shape {shape}: the copies were made along the "
+                     f"{'sequence' if shape[-2] != seq else 'features'}, not along the heads", fix)
+        out = expect_tensor(what, out, expected.shape, fix)
+        diagnose(what, out, expected, _repeat_variants(t, group), fix)
+    passed("repeat_kv: (..., kv_heads, seq, d_k) -> (..., kv_heads·g, seq, d_k), key/value head j serving query heads "
+           "j·g … j·g+g-1, with 0, 1 and 2 leading dimensions")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from .._harness import call, call_without_builtins, close, describe, diagnose, fail, generator, passed
+from .._harness import (call_for_tensor, call_without_builtins, close, describe, diagnose, dtype_name, expect_tensor, fail,
+                        generator, passed)
 
 _NO_RMS_NORM = {F.rms_norm: "F.rms_norm", torch.rms_norm: "torch.rms_norm"}
 _NO_RMS_NORM_FIX = "write it from your {}; F.rms_norm is the reference the notebook compares with"
@@ -38,9 +39,7 @@ def check_rms(rms: Callable[[torch.Tensor, float], torch.Tensor]) -> None:
     for leading, d, eps, scale in cases:  # inputs of RMS 1e-3 (below √eps ≈ 3e-3) show where eps goes
         x = (torch.randn(*leading, d, generator=gen, dtype=torch.float64) + 0.7) * scale  # a mean ≠ 0: std ≠ RMS
         what = f"rms(x of shape {tuple(x.shape)}, eps={eps:g})"
-        out = call(what, rms, x, eps)
-        if not isinstance(out, torch.Tensor):
-            fail(f"{what} returned {describe(out)}, not a tensor", "return one RMS per vector, as a tensor")
+        out = call_for_tensor(what, rms, x, eps, returns="return one RMS per vector, as a tensor")
         expected = _rms(x, eps)
         if leading and tuple(out.shape) == tuple(leading):
             fail(f"{what} returned shape {tuple(out.shape)}: the reduced dimension is dropped (no keepdim=True)",
@@ -103,9 +102,8 @@ def check_rms_norm(rms_norm: Callable[..., torch.Tensor]) -> None:
         x = torch.randn(*leading, d, generator=gen, dtype=torch.float64) * scale
         gain = torch.rand(d, generator=gen, dtype=torch.float64) + 0.5  # far from ones: a dropped gain shows
         what = f"rms_norm(x of shape {tuple(x.shape)}, a random gain, eps={eps:g})"
-        out = call_without_builtins(what, _NO_RMS_NORM, _NO_RMS_NORM_FIX.format("rms"), rms_norm, x, gain, eps)
-        if not isinstance(out, torch.Tensor):
-            fail(f"{what} returned {describe(out)}, not a tensor", fix)
+        out = expect_tensor(what, call_without_builtins(what, _NO_RMS_NORM, _NO_RMS_NORM_FIX.format("rms"), rms_norm,
+                                                        x, gain, eps), returns=fix)
         expected = x / _rms(x, eps) * gain
         variants = [
             (lambda: x / _rms(x, eps), "the gain is not applied", "multiply the normalised x by gain, feature by feature"),
@@ -132,9 +130,10 @@ def _ulps(out: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> flo
 
 
 def _call_step3(fn: Callable[..., torch.Tensor], x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
-    what = f"rms_norm_upcast(a {str(x.dtype)[6:]} x of shape {tuple(x.shape)}, a {str(gain.dtype)[6:]} gain, eps={eps:g})"
+    what = f"rms_norm_upcast(a {dtype_name(x.dtype)} x of shape {tuple(x.shape)}, a {dtype_name(gain.dtype)} gain, eps={eps:g})"
     out = call_without_builtins(what, _NO_RMS_NORM, _NO_RMS_NORM_FIX.format("rms_norm"), fn, x, gain, eps)
-    if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+    expect_tensor(what, out, returns="return your rms_norm's result, cast back to x's dtype")
+    if out.shape != x.shape:
         fail(f"{what} returned {describe(out)}, expected a tensor of x's shape {tuple(x.shape)}",
              "return your rms_norm's result, cast back to x's dtype")
     return out
@@ -166,7 +165,7 @@ def check_rms_norm_upcast(rms_norm_upcast: Callable[..., torch.Tensor]) -> None:
         gain_in = gain.to(in_dtype)
         for g in (gain, gain_in):  # a float32 gain (a mixed-precision model), then one in x's dtype
             out = _call_step3(rms_norm_upcast, x, g, _EPS)
-            name, got = str(in_dtype)[6:], str(out.dtype)[6:]
+            name, got = dtype_name(in_dtype), dtype_name(out.dtype)
             if out.dtype == torch.float32:
                 fail(f"the result is not cast back ({name} in, float32 out)", fix_cast)
             if out.dtype != in_dtype:
@@ -183,7 +182,7 @@ def check_rms_norm_upcast(rms_norm_upcast: Callable[..., torch.Tensor]) -> None:
     for g in (gain[:16], gain[:16].double()):
         out = _call_step3(rms_norm_upcast, x, g, _EPS)
         if out.dtype != torch.float64:
-            fail(f"a float64 input comes back as {str(out.dtype)[6:]}",
+            fail(f"a float64 input comes back as {dtype_name(out.dtype)}",
                  "upcast only what is narrower than float32, and cast the result back to x's dtype")
         expected = x / _rms(x, _EPS) * g.double()
         if not close(out, expected, rtol=1e-10, atol=1e-10):

@@ -3,12 +3,13 @@ by hand, and the autograd Function that puts them together."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
-from .._harness import call, call_without_builtins, close, diagnose, expect_tensor, fail, generator, passed
+from .._harness import call, call_without_builtins, close, crashed, diagnose, expect_tensor, fail, generator, passed
+from ..softmax import KEEPDIM, diagnosing_crashes
 
 Softmax = Callable[[torch.Tensor, int], torch.Tensor]
 
@@ -18,8 +19,7 @@ _NO_SOFTMAX = {torch.softmax: "torch.softmax", F.softmax: "F.softmax", torch.Ten
                F.log_softmax: "F.log_softmax", torch.Tensor.log_softmax: "x.log_softmax",
                torch._softmax_backward_data: "torch._softmax_backward_data"}
 _BUILTIN_FIX = "write it with torch.exp and sums; torch.softmax is the reference this notebook compares with"
-_KEEPDIM = "a sum or max along dim drops that dimension (no keepdim=True), so it broadcasts against the wrong axis"
-_KEEPDIM_FIX = "pass keepdim=True, so the reduced dimension stays with size 1 and lines up with dim"
+_KEEPDIM, _KEEPDIM_FIX = KEEPDIM
 
 
 def _what(name: str, x: torch.Tensor, dim: int) -> str:
@@ -31,21 +31,7 @@ def _call(name: str, fn: Softmax, x: torch.Tensor, dim: int) -> Any:
     what = _what(name, x, dim)
     before = x.detach().clone()
 
-    def run() -> Any:
-        try:
-            return fn(x, dim)
-        except RuntimeError as error:
-            if "must match the size of tensor" in str(error):
-                fail(_KEEPDIM, _KEEPDIM_FIX, f"{what}: PyTorch said: {str(error).splitlines()[0]}")
-            raise
-        except TypeError as error:
-            if "return_types.max" in str(error) or "return_types.min" in str(error):
-                fail("x.max(dim) returns a (values, indices) pair, not a tensor",
-                     "take the values (the maximum itself), kept with size 1 along dim so that it lines up with x",
-                     f"{what}: PyTorch said: {str(error).splitlines()[0]}")
-            raise
-
-    out = call_without_builtins(what, _NO_SOFTMAX, _BUILTIN_FIX, run)
+    out = call_without_builtins(what, _NO_SOFTMAX, _BUILTIN_FIX, diagnosing_crashes(fn, what), x, dim)
     if not torch.equal(x.detach(), before):
         fail(f"{name} changes its input x in place (x -= ..., x.exp_())",
              "write each step to a new tensor (shifted = x - m), so the caller's scores stay as they were")
@@ -232,22 +218,16 @@ def _backward(what: str, out: torch.Tensor, x: torch.Tensor, g: torch.Tensor) ->
             fail("backward returns one gradient, but forward took two inputs, x and dim",
                  "return a pair: the gradient for x, and None for dim (an int has no gradient)",
                  f"PyTorch said: {str(error).splitlines()[0]}")
-        _crashed(what, error)
+        crashed(f"the backward pass of {what}", error)
     except AttributeError as error:
         if "dim" in str(error):
             fail("backward reads ctx.dim, which forward never set", "keep dim for backward in forward: ctx.dim = dim",
                  f"{type(error).__name__}: {str(error).splitlines()[0]}")
-        _crashed(what, error)
+        crashed(f"the backward pass of {what}", error)
     except TypeError as error:
         if "tuple" in str(error) or "converted to an index" in str(error):  # tensor * tuple: a sequence repeat
             fail("backward uses ctx.saved_tensors, a tuple, as if it were p", "unpack the one tensor it holds first",
                  f"{type(error).__name__}: {str(error).splitlines()[0]}")
-        _crashed(what, error)
+        crashed(f"the backward pass of {what}", error)
     except Exception as error:  # noqa: BLE001 - any crash of the learner's backward becomes a verdict
-        _crashed(what, error)
-
-
-def _crashed(what: str, error: Exception) -> NoReturn:
-    raise AssertionError(f"the backward pass of {what} raised {type(error).__name__} "
-                         f"({(str(error).strip().splitlines() or [''])[0]}): read the error below and fix that line "
-                         "first.") from error
+        crashed(f"the backward pass of {what}", error)

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ... import reference
-from .._harness import BuiltinSpy, call, call_without_builtins, diagnose, expect_tensor, fail, generator, passed
+from .._harness import (BuiltinSpy, call, call_without_builtins, crash_of, diagnose, expect_tensor, fail, first_line,
+                        generator, passed)
 
 _NO_SIGMOID = {torch.sigmoid: "torch.sigmoid", Tensor.sigmoid: "torch.sigmoid", torch.special.expit: "torch.sigmoid",
                F.silu: "F.silu", torch._C._nn.silu: "F.silu"}  # nn.Sigmoid, F.sigmoid and nn.SiLU go through these
@@ -145,8 +146,9 @@ def check_swiglu_draft(swiglu_draft: Callable[[Tensor, Tensor, Tensor, Tensor], 
             out = call_without_builtins(what, _NO_SILU, "use your silu_draft from Step 1 (or your gated from Step 2 "
                                         "with it); F.silu is what this notebook builds", swiglu_draft, x, W1, W2, W3)
         except AssertionError as error:
-            if isinstance(error.__cause__, RuntimeError) and "RuntimeError" in str(error).splitlines()[0]:
-                fail(f"{what} crashes on a shape mismatch", crash, str(error.__cause__).splitlines()[0])
+            cause = crash_of(error)
+            if isinstance(cause, RuntimeError) and any(word in str(cause) for word in ("shape", "size")):
+                fail(f"{what} crashes on a shape mismatch", crash, first_line(cause))
             raise
         out = expect_tensor(what, out, x.shape, "the output has x's shape: W2 maps the hidden (..., d_ff) back to "
                             "d_model")
@@ -177,19 +179,8 @@ def check_swiglu_draft(swiglu_draft: Callable[[Tensor, Tensor, Tensor, Tensor], 
             (lambda: (F.silu(a) * b) @ W2, "W2 is applied without its transpose (hidden @ W2)",
              "W2 is stored (d_model, d_ff): apply it as hidden @ W2.T"),
         ]
-        diagnose(what, out, reference.swiglu(x, W1, W2, W3),
-                 [(_unless_crash(wrong), mistake, variant_fix) for wrong, mistake, variant_fix in variants], fix)
+        diagnose(what, out, reference.swiglu(x, W1, W2, W3), variants, fix)
     passed("swiglu_draft: W2 (silu(W1 x) ⊙ W3 x) for d_ff equal to, above and below d_model, with leading dimensions")
-
-
-def _unless_crash(wrong: Callable[[], Tensor]) -> Callable[[], Tensor | None]:
-    """``wrong`` computed, or None where that mistake cannot run on these shapes (it would crash)."""
-    def compute() -> Tensor | None:
-        try:
-            return wrong()
-        except RuntimeError:
-            return None
-    return compute
 
 
 def _widths(d_model: int, m: int) -> list[tuple[Any, str, str]]:

@@ -137,7 +137,8 @@ def _update_run(adamw_update: Callable[..., Any], theta: torch.Tensor, grads: li
                     fail(f"{what} returned {describe(out)}, not the three new tensors (theta, m, v)",
                          "return theta, m, v, in that order")
                 for name, value in zip(("theta", "m", "v"), out):
-                    expect_tensor(f"{what}: its {name}", value, tuple(theta.shape), f"{name} keeps theta's shape")
+                    expect_tensor(f"{what}: its {name}", value, tuple(theta.shape), f"{name} keeps theta's shape and "
+                                  "dtype", dtype=theta.dtype)
             else:
                 out = fn(th, g, m, v, t)
             th, m, v = (o.detach().clone() for o in out)
@@ -292,6 +293,9 @@ def _windows(sample_windows: Callable[..., Any], tokens: np.ndarray, batch_size:
             raise
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         fail(f"{what} returned {describe(out)}, not a pair (inputs, targets)", "return both: inputs, targets")
+    for i, t in enumerate(out):
+        if not isinstance(t, np.ndarray):  # a numpy array, cut from the tokens, will do
+            expect_tensor(f"{what}[{i}]", t, returns="return the inputs and the targets as tensors")
     x, y = (torch.as_tensor(np.ascontiguousarray(t)).long() for t in out)
     for name, t in (("inputs", x), ("targets", y)):
         if tuple(t.shape) == (batch_size, context_length + 1):

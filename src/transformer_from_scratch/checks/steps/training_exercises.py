@@ -11,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .._harness import call, fail, passed
+from .._harness import attempt, call, crashed, fail, passed
 
 
 def check_unigram_loss(unigram_loss: Any, train_tokens: np.ndarray, heldout_tokens: np.ndarray) -> None:
@@ -73,15 +73,12 @@ def check_state_bytes(state_bytes: Callable[[Any], int]) -> None:
              b: {"step": 2, "exp_avg": torch.randn(5, generator=gen, dtype=torch.float64),
                  "exp_avg_sq": torch.rand(5, generator=gen, dtype=torch.float64)}}
     what = "state_bytes(an optimizer whose state holds float32 tensors of 3 × 4 and float64 tensors of 5, and ints)"
-    try:
-        out = state_bytes(_optimizer(state))
-    except (AttributeError, TypeError) as error:
-        if "'int'" not in str(error):
-            raise
+    out, error = attempt(what, state_bytes, _optimizer(state))
+    if isinstance(error, (AttributeError, TypeError)) and "'int'" in str(error):
         fail(f"{what} raised {type(error).__name__} ({error}): it treats every entry of the state as a tensor, "
              "but the step count is an int", "skip the entries that are not tensors")
-    except Exception:  # noqa: BLE001 - a stub or another crash: the harness names it
-        out = call(what, state_bytes, _optimizer(state))
+    if error is not None:
+        crashed(what, error)
     expected = 2 * (12 * 4 + 5 * 8)
     if isinstance(out, torch.Tensor):
         out = out.item()

@@ -65,7 +65,7 @@ def _check_attention(attn: nn.Module, what: str) -> None:
     weights, x64 = reference.float64_copy(attn.state_dict()), x.double()
     right = reference.multihead_self_attention(x64, weights, _HEADS, _THETA)
     tolerance = dict(rtol=1e-4, atol=1e-5)  # the parts are float32
-    diagnose(f"{what}'s attention", out, right, [
+    diagnose(f"{what}'s attention", out.double(), right, [
         (lambda: reference.multihead_self_attention(x64, weights, _HEADS, None),
          "the attention part has no RoPE: max_seq_len and theta are not passed on to it",
          "MultiHeadSelfAttention takes d_model, num_heads, max_seq_len and theta, in that order"),

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from .._harness import call, close, describe, diagnose, expect_tensor, fail, generator, passed
+from .._harness import attempt, call, call_for_tensor, close, describe, diagnose, expect_tensor, fail, first_line, generator, passed
 
 # ---------------------------------------------------------------------------------------------------------
 # Step 1 · the four parts
@@ -38,12 +38,11 @@ def _check_block(i: int, block: Any) -> None:
              "rope_theta)", "pass the sizes in that order (d_ff is SwiGLU's hidden width)",
              str(error).splitlines()[1] if len(str(error).splitlines()) > 1 else str(error))
     x = torch.randn(2, _T, _D, generator=generator(3))
-    try:
-        out = block(x)
-    except Exception as error:  # noqa: BLE001 - a block too short for the context is the likely cause
+    out, error = attempt(f"{name}(x)", block, x)
+    if error is not None:  # a block too short for the context is the likely cause
         fail(f"{name} fails on a sequence of context_length={_T} tokens ({type(error).__name__}: "
-             f"{(str(error).strip().splitlines() or [''])[0][:160]})",
-             "pass context_length as the block's max_seq_len (the length RoPE's tables cover)")
+             f"{first_line(error)[:160]})", "pass context_length as the block's max_seq_len (the length RoPE's "
+             "tables cover)")
     expected = right(x)
     if torch.allclose(out, expected, rtol=1e-5, atol=1e-6):
         return
@@ -343,8 +342,8 @@ def check_temperature_probs(temperature_probs: Callable[[Tensor, float], Tensor]
     for logits, temperature in [(z, 0.5), (z, 2.0), (z, 1.0), (z[0], 0.7)]:
         what = f"temperature_probs(logits of shape {tuple(logits.shape)}, temperature={temperature})"
         before = logits.clone()
-        out = expect_tensor(what, call(what, temperature_probs, logits, temperature), logits.shape,
-                            "one probability per logit, the same shape as logits")
+        out = call_for_tensor(what, temperature_probs, logits, temperature, shape=logits.shape,
+                              fix="one probability per logit, the same shape as logits")
         _unchanged("temperature_probs", before, logits, "logits")
         expected = (logits / temperature).softmax(-1)
         variants = [
@@ -432,13 +431,10 @@ def _call_filter(name: str, fn: Callable[[Tensor, Any], Tensor], probs: Tensor, 
     what = f"{name}(probs of shape {tuple(probs.shape)}, {arg_name}={arg})"
     before = probs.clone()
     if one_row_works and probs.ndim > 1:
-        try:
-            out = fn(probs, arg)
-        except NotImplementedError:
-            raise
-        except Exception as error:  # noqa: BLE001 - it worked on one row: the batch is what breaks it
+        out, error = attempt(what, fn, probs, arg)
+        if error is not None:  # it worked on one row: the batch is what breaks it
             fail(f"{what} fails on a batch of rows, though it works on one row ({type(error).__name__}: "
-                 f"{(str(error).strip().splitlines() or [''])[0][:120]})",
+                 f"{first_line(error)[:120]})",
                  "work along the last dimension of each row: keep a per-row threshold as a column "
                  "(index [..., -1:] or keepdim=True), so that it broadcasts against its own row")
     else:
@@ -617,8 +613,9 @@ def check_generation_loop(generation_loop: Callable[..., Tensor]) -> None:
             prompt = torch.tensor(prompt)
             model, pick = _Recorder(), _Pick()
             what = f"generation_loop(model, prompt_ids={prompt.tolist()}, max_new_tokens={n}, pick, eos_id={eos_id})"
-            out = call(what, generation_loop, model, prompt, n, pick, eos_id)
-            if not isinstance(out, Tensor) or out.ndim != 1:
+            out = call_for_tensor(what, generation_loop, model, prompt, n, pick, eos_id,
+                                  returns="return the new ids as one sequence, a 1-D tensor")
+            if out.ndim != 1:
                 fail(f"{what} returned {describe(out)}, not a 1-D tensor of ids", "return the new ids as one sequence")
             if any(len(seen) > _GEN_CTX for seen in model.inputs):
                 longest = max(len(s) for s in model.inputs)
