@@ -12,8 +12,9 @@ import yaml
 
 import transformer_from_scratch
 from transformer_from_scratch import checks
+from transformer_from_scratch._project import generated_from, repo_root
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = repo_root()
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 # The H2 headings of every notebook, in order: exactly these (the "Why" one names the component).
 SECTIONS = ["## Setup", "## Why ", "## The maths", "## Build it step by step", "## See it", "## The final class",
@@ -44,7 +45,7 @@ def test_environment_yml_matches_pyproject():
 def test_package_reexports_every_public_name():
     for module in sorted((REPO / "src" / "transformer_from_scratch").glob("*.py")):
         text = module.read_text()
-        if not text.startswith("# Generated from notebooks/"):
+        if not generated_from(text):
             continue
         public = [node.name for node in ast.parse(text).body
                   if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and not node.name.startswith("_")]

@@ -3,15 +3,15 @@ metadata goes; nothing else moves. The command line and JupyterLab's pre-save ho
 
 import copy
 import json
-from pathlib import Path
 
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
+from transformer_from_scratch._project import repo_root
 from transformer_from_scratch.nbtools.tidy import WIDGET_VIEW, clean, dumps, pre_save_hook, tidy
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((repo_root() / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 def _session_notebook() -> dict:

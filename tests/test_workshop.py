@@ -20,10 +20,11 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from transformer_from_scratch._project import learner_notebook, repo_root
 from transformer_from_scratch.nbtools.export import STUDENT_PACKAGE
 from transformer_from_scratch.nbtools.student import build, student_notebook
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = repo_root()
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 REGION = re.compile(r"^([ \t]*)### BEGIN SOLUTION[ \t]*\n(.*?)^[ \t]*### END SOLUTION[ \t]*\n?", re.MULTILINE | re.DOTALL)
 STUB = re.compile(r"^([ \t]*)# YOUR CODE HERE\n[ \t]*raise NotImplementedError\(.*\)[ \t]*\n?", re.MULTILINE)
@@ -295,7 +296,7 @@ def test_run_all_works_from_01_to_12_on_the_learners_own_package(written_edition
     for module in (out / STUDENT_PACKAGE).glob("*.py"):
         text = module.read_text(encoding="utf-8")
         if module.name != "__init__.py":
-            assert text.startswith("# Written from your") and "NotImplementedError(" not in text, module.name
+            assert learner_notebook(text) and "NotImplementedError(" not in text, module.name
 
 
 def _take_the_reference(student: dict, name: str) -> None:

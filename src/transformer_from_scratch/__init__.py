@@ -18,16 +18,13 @@ from .rope import RotaryPositionalEmbedding
 from .swiglu import SwiGLU, silu, swiglu_hidden_size
 from .multihead_attention import MultiHeadSelfAttention
 from .transformer_block import TransformerBlock
-from .shapes import set_shape_checks, shape_checks, shape_checks_enabled
+from .shapes import set_shape_checks, shape_checks, shape_checks_enabled, trusted
 from .transformer_lm import TransformerLM, count_resources, generate, next_token_distribution
 from .training import (AdamW, GPT2StyleLM, cross_entropy, get_batch, gradient_clipping, load_checkpoint,
                        lr_cosine_schedule, save_checkpoint, tokenize_file)
-from .kv_cache import KVCache, cached_attention, cached_forward, generate_with_cache
-
-generate = generate_with_cache  # the package's generate keeps a KV cache (notebook 12); use_cache=False: notebook 10's
+from .kv_cache import KVCache
 
 __all__ = ["Linear", "Embedding", "softmax", "RMSNorm", "scaled_dot_product_attention", "RotaryPositionalEmbedding", "silu", "SwiGLU", "swiglu_hidden_size", "MultiHeadSelfAttention", "TransformerBlock", "TransformerLM", "count_resources", "next_token_distribution", "generate",
            "cross_entropy", "AdamW", "lr_cosine_schedule", "gradient_clipping", "tokenize_file", "get_batch",
-           "save_checkpoint", "load_checkpoint", "GPT2StyleLM", "KVCache", "cached_attention", "cached_forward",
-           "generate_with_cache",
-           "set_shape_checks", "shape_checks", "shape_checks_enabled"]
+           "save_checkpoint", "load_checkpoint", "GPT2StyleLM", "KVCache",
+           "set_shape_checks", "shape_checks", "shape_checks_enabled", "trusted"]

@@ -96,14 +96,25 @@ def multihead_self_attention(x: Tensor, weights: Mapping[str, Tensor], num_heads
     """Causal multi-head self-attention with RoPE on the queries and keys (when ``theta`` is given).
 
     ``weights`` holds ``q_proj.weight``, ``k_proj.weight``, ``v_proj.weight`` and ``output_proj.weight`` (an
-    attention module's state dict). ``positions`` (..., seq) defaults to 0 … seq-1 and gets a head axis, so every
+    attention module's state dict); k_proj and v_proj with fewer rows than q_proj make it grouped-query attention. ``positions`` (..., seq) defaults to 0 … seq-1 and gets a head axis, so every
     head of a sequence has the same rotation. ``causal=False`` attends to every key (for the checks' variants).
     """
-    q, k, v = (split_heads(F.linear(x, weights[f"{name}_proj.weight"]), num_heads) for name in "qkv")
+    q = split_heads(F.linear(x, weights["q_proj.weight"]), num_heads)
+    kv_heads = kv_heads_of(weights, num_heads)
+    k, v = (split_heads(F.linear(x, weights[f"{name}_proj.weight"]), kv_heads) for name in "kv")
     if theta is not None:
         where = (torch.arange(x.shape[-2]) if positions is None else positions).unsqueeze(-2)
         q, k = rotate(q, where, theta), rotate(k, where, theta)
-    return F.linear(merge_heads(SDPA(q, k, v, is_causal=causal)), weights["output_proj.weight"])
+    attended = SDPA(q, k, v, is_causal=causal, enable_gqa=kv_heads != num_heads)
+    return F.linear(merge_heads(attended), weights["output_proj.weight"])
+
+
+def kv_heads_of(weights: Mapping[str, Tensor], num_heads: int) -> int:
+    """The key/value heads of an attention's weights: k_proj's rows over one head's size (q_proj's rows / num_heads).
+    num_heads for multi-head attention; fewer for grouped-query attention, where PyTorch's enable_gqa lets key/value
+    head j serve query heads j·g … j·g+g-1 (g = num_heads / kv_heads)."""
+    d_k = weights["q_proj.weight"].shape[0] // num_heads
+    return weights["k_proj.weight"].shape[0] // d_k
 
 
 def _prefixed(weights: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
@@ -161,6 +172,7 @@ class ReferenceLM(nn.Module):
         self.context_length = model.context_length
         attn = model.layers[0].attn
         self.num_heads, self.eps = attn.num_heads, model.ln_final.eps
+        self.num_kv_heads = kv_heads_of(attn.state_dict(), attn.num_heads)
         angles = rope_angles(torch.arange(model.context_length), attn.d_k, attn.theta)
         factors = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
         self.register_buffer("rope", factors.to(model.lm_head.weight.device), persistent=False)
@@ -175,9 +187,11 @@ class ReferenceLM(nn.Module):
         x = F.embedding(token_ids, w.token_embeddings.weight)
         for layer in w.layers:
             h = rms_norm(x, layer.ln1.weight, eps)
-            q, k, v = (split_heads(F.linear(h, proj.weight), heads)
-                       for proj in (layer.attn.q_proj, layer.attn.k_proj, layer.attn.v_proj))
-            attended = SDPA(self._rotate(q, factors), self._rotate(k, factors), v, is_causal=True)
+            q = split_heads(F.linear(h, layer.attn.q_proj.weight), heads)
+            k, v = (split_heads(F.linear(h, proj.weight), self.num_kv_heads)
+                    for proj in (layer.attn.k_proj, layer.attn.v_proj))
+            attended = SDPA(self._rotate(q, factors), self._rotate(k, factors), v, is_causal=True,
+                            enable_gqa=self.num_kv_heads != heads)
             x = x + F.linear(merge_heads(attended), layer.attn.output_proj.weight)
             x = x + swiglu(rms_norm(x, layer.ln2.weight, eps), layer.ffn.w1.weight, layer.ffn.w2.weight,
                            layer.ffn.w3.weight)
@@ -196,8 +210,9 @@ def greedy_decode_with_cache(model: ReferenceLM, prompt_ids: Tensor, max_new_tok
     w, heads, eps, context = model.weights, model.num_heads, model.eps, model.context_length
     d_k = w.layers[0].attn.q_proj.weight.shape[0] // heads
     like = w.lm_head.weight
-    keys = [like.new_zeros(1, heads, context, d_k) for _ in w.layers]
-    values = [like.new_zeros(1, heads, context, d_k) for _ in w.layers]
+    kv_heads = model.num_kv_heads  # the caches hold the key/value heads only
+    keys = [like.new_zeros(1, kv_heads, context, d_k) for _ in w.layers]
+    values = [like.new_zeros(1, kv_heads, context, d_k) for _ in w.layers]
     ids, origin, length = prompt_ids, 0, 0  # the caches hold ids[origin : origin + length]
     for _ in range(max_new_tokens):
         if max(0, len(ids) - context) != origin:
@@ -210,11 +225,12 @@ def greedy_decode_with_cache(model: ReferenceLM, prompt_ids: Tensor, max_new_tok
         x = F.embedding(new, w.token_embeddings.weight)
         for layer, k_cache, v_cache in zip(w.layers, keys, values):
             h = rms_norm(x, layer.ln1.weight, eps)
-            q, k, v = (split_heads(F.linear(h, proj.weight), heads)
-                       for proj in (layer.attn.q_proj, layer.attn.k_proj, layer.attn.v_proj))
+            q = split_heads(F.linear(h, layer.attn.q_proj.weight), heads)
+            k, v = (split_heads(F.linear(h, proj.weight), kv_heads) for proj in (layer.attn.k_proj, layer.attn.v_proj))
             k_cache[:, :, length:end] = model._rotate(k, factors)
             v_cache[:, :, length:end] = v
-            attended = SDPA(model._rotate(q, factors), k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask)
+            attended = SDPA(model._rotate(q, factors), k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask,
+                            enable_gqa=kv_heads != heads)
             x = x + F.linear(merge_heads(attended), layer.attn.output_proj.weight)
             x = x + swiglu(rms_norm(x, layer.ln2.weight, eps), layer.ffn.w1.weight, layer.ffn.w2.weight,
                            layer.ffn.w3.weight)

@@ -65,6 +65,63 @@ def shape_checks(enabled: bool) -> Iterator[None]:
         set_shape_checks(previous)
 
 
+class trusted:
+    """``with trusted(): ...``: the caller has checked the inputs, so the components called inside skip theirs.
+
+    A model checks what it is given once, at its edge (``TransformerLM.forward``: the ids, the context length, the
+    caches), then runs its blocks inside ``trusted()``: their ``@shape_checked`` annotations and the input checks
+    that ask ``checking()`` are skipped, since every tensor they get was made by the model from checked inputs.
+    ``generate`` checks its arguments once and decodes inside it. Called on its own, a component checks everything.
+    Blocks nest; under ``torch.compile`` it does nothing (the compiled code skips the checks anyway).
+    """
+
+    def __enter__(self) -> None:
+        global _trusted_depth
+        if not torch.compiler.is_compiling():
+            _trusted_depth += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        global _trusted_depth
+        if not torch.compiler.is_compiling():
+            _trusted_depth -= 1
+
+
+_trusted_depth = 0  # how many trusted() blocks are open
+
+
+def checking() -> bool:
+    """Whether a component should check its inputs now: False inside ``trusted()`` (its caller checked them)."""
+    return _trusted_depth == 0
+
+
+def check_length(who: str, seq: int, limit: int, name: str, shape: tuple[int, ...], *, past: int = 0,
+                 tensor: str = "x", advice: str = "") -> None:
+    """The one rule for sequence lengths: `past` cached positions plus `seq` new ones fit within `limit`.
+
+    Every module with a longest sequence (the attention's and the block's max_seq_len, the model's context_length)
+    calls this one function, so the rule and its message live here. A ValueError that names the numbers, e.g.
+    "TransformerBlock: the sequence has 17 tokens, more than max_seq_len=16 (x of shape (2, 17, 12))"."""
+    if past + seq > limit:
+        cached = f" after {past} cached positions" if past else ""
+        raise ValueError(f"{who}: the sequence has {seq} tokens{cached}, more than {name}={limit} ({tensor} of shape "
+                         f"{tuple(shape)})" + (f"; {advice}" if advice else ""))
+
+
+def check_positions(who: str, token_positions: torch.Tensor | None, lead: tuple[int, ...], shape: tuple[int, ...],
+                    tensor: str = "x") -> None:
+    """The one rule for token_positions: shape (..., seq), with the input's seq as its last dimension and leading
+    dimensions that broadcast to the input's (never growing it). `lead` is the input's (..., seq) part, `shape` its
+    whole shape (for the message). None passes (the default positions 0 … seq-1). A ValueError that names the shapes."""
+    if token_positions is None:
+        return
+    positions = token_positions.shape
+    if (len(positions) < 1 or len(positions) > len(lead) or positions[-1] != lead[-1]
+            or any(a not in (1, b) for a, b in zip(reversed(positions[:-1]), reversed(lead[:-1])))):
+        raise ValueError(f"{who}: token_positions must have shape (..., seq) = (..., {lead[-1]}) with leading "
+                         f"dimensions that broadcast to {tensor}'s {tuple(lead[:-1])}, got token_positions "
+                         f"{tuple(positions)} for {tensor} {tuple(shape)}")
+
+
 def _size(value: str) -> str:
     """``torch.Size([2, 3])`` -> ``(2, 3)``, ``torch.Size([2])`` -> ``(2,)``; anything else unchanged."""
     inner = re.fullmatch(r"torch\.Size\(\[(.*)\]\)", value)
@@ -95,7 +152,7 @@ def shape_checked(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        if not _enabled or torch.compiler.is_compiling():
+        if not _enabled or _trusted_depth or torch.compiler.is_compiling():
             return fn(*args, **kwargs)
         try:
             return checked(*args, **kwargs)

@@ -1,24 +1,26 @@
 # Generated from notebooks/09_transformer_block.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: bec08c6d13e750a4f4a114e3b4b5a7f80d9a77e543db3ebf6cbe653a7a9ffd5e
+# body-sha256: c00298af1910900bce956613ee3bd46a013a8380051ec1d1e1717dfac21a56f2
 
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from transformer_from_scratch.multihead_attention import MultiHeadSelfAttention
 from transformer_from_scratch.rmsnorm import RMSNorm
-from transformer_from_scratch.shapes import shape_checked
+from transformer_from_scratch.shapes import check_length, checking, shape_checked
 from transformer_from_scratch.swiglu import SwiGLU
 
 
-def _check_input(block: "TransformerBlock", x: Tensor) -> None:
-    """TransformerBlock.forward's checks of what only the block knows, each a ValueError that names the numbers."""
+def _check_input(block: "TransformerBlock", x: Tensor, past: int) -> None:
+    """TransformerBlock.forward's checks of what only the block knows, each a ValueError that names the numbers.
+    `past`: the positions its attention's cache already holds. Skipped inside `trusted()` (the model checked)."""
+    if not checking():
+        return
     if x.ndim < 2 or x.shape[-1] != block.d_model:
         raise ValueError(f"TransformerBlock expected x of shape (..., seq, {block.d_model}) "
                          f"(d_model={block.d_model}), got shape {tuple(x.shape)}")
-    if block.max_seq_len is not None and x.shape[-2] > block.max_seq_len:
-        raise ValueError(f"TransformerBlock: the sequence has {x.shape[-2]} tokens, more than "
-                         f"max_seq_len={block.max_seq_len} (x of shape {tuple(x.shape)})")
+    if block.max_seq_len is not None:
+        check_length("TransformerBlock", x.shape[-2], block.max_seq_len, "max_seq_len", x.shape, past=past)
 
 
 class TransformerBlock(nn.Module):
@@ -38,27 +40,29 @@ class TransformerBlock(nn.Module):
         d_ff: the feed-forward network's hidden width (canonically swiglu_hidden_size(d_model), about 8/3 · d_model).
         max_seq_len: the longest sequence RoPE is built for. theta: RoPE's base Θ (10,000 in Llama).
             Both None builds attention without RoPE.
-        device, dtype: where and in which dtype to create the weights.
-        fused: passed to MultiHeadSelfAttention: attend with F.scaled_dot_product_attention (same result, faster).
+        device, dtype: where and in which dtype to create the weights. norm_eps: the ε of ln1 and ln2.
+        fused, num_kv_heads: passed to MultiHeadSelfAttention (F.scaled_dot_product_attention; key/value heads).
     """
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, max_seq_len: int | None, theta: float | None,
-                 device=None, dtype=None, *, fused: bool = False) -> None:
+                 device=None, dtype=None, *, fused: bool = False, num_kv_heads: int | None = None,
+                 norm_eps: float = 1e-5) -> None:
         super().__init__()
         self.d_model, self.num_heads, self.d_ff = d_model, num_heads, d_ff
         self.max_seq_len, self.theta = max_seq_len, theta
-        self.ln1 = RMSNorm(d_model, device=device, dtype=dtype)
+        self.ln1 = RMSNorm(d_model, norm_eps, device=device, dtype=dtype)
         self.attn = MultiHeadSelfAttention(d_model, num_heads, max_seq_len, theta, device=device, dtype=dtype,
-                                           fused=fused)
-        self.ln2 = RMSNorm(d_model, device=device, dtype=dtype)
+                                           fused=fused, num_kv_heads=num_kv_heads)
+        self.ln2 = RMSNorm(d_model, norm_eps, device=device, dtype=dtype)
         self.ffn = SwiGLU(d_model, d_ff, device=device, dtype=dtype)
 
     @shape_checked
-    def forward(self, x: Float[Tensor, "*batch seq d_model"],
-                token_positions: Int[Tensor, "*#batch seq"] | None = None) -> Float[Tensor, "*batch seq d_model"]:
-        """(..., seq, d_model) -> (..., seq, d_model); token_positions (..., seq) go to RoPE, None = 0 … seq-1."""
-        _check_input(self, x)
-        y = x + self.attn(self.ln1(x), token_positions)
+    def forward(self, x: Float[Tensor, "*batch seq d_model"], token_positions: Int[Tensor, "*#batch seq"] | None = None,
+                *, cache=None) -> Float[Tensor, "*batch seq d_model"]:
+        """(..., seq, d_model) -> (..., seq, d_model); token_positions (..., seq) go to RoPE, None = 0 … seq-1.
+        cache: the attention's (notebook 12), passed on: x then holds the tokens after the cached ones."""
+        _check_input(self, x, 0 if cache is None else cache.length)
+        y = x + self.attn(self.ln1(x), token_positions, cache=cache)
         return y + self.ffn(self.ln2(y))
 
     def extra_repr(self) -> str:

@@ -1,6 +1,8 @@
 # Generated from notebooks/10_transformer_lm.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 9155d11197dd05508893111587fafd06cefa83456f62c25ca4aaa6d39db4f3f3
+# body-sha256: 3cb765a02175bcf62240c8b29de8fc6cdece2af1dec9d005812370186e1b779f
+
+import inspect
 
 import torch
 from jaxtyping import Float, Int, Integer
@@ -9,7 +11,7 @@ from torch import Tensor, nn
 from transformer_from_scratch.embedding import Embedding
 from transformer_from_scratch.linear import Linear
 from transformer_from_scratch.rmsnorm import RMSNorm
-from transformer_from_scratch.shapes import shape_checked
+from transformer_from_scratch.shapes import check_length, check_positions, checking, shape_checked, trusted
 from transformer_from_scratch.softmax import softmax
 from transformer_from_scratch.transformer_block import TransformerBlock
 
@@ -20,29 +22,39 @@ def _check_arguments(**sizes: int) -> None:
         raise ValueError(f"every size must be >= 1, got " + ", ".join(f"{k}={v}" for k, v in sizes.items()))
 
 
-def _check_input(model: "TransformerLM", token_ids: Tensor) -> None:
-    """TransformerLM.forward's checks of what only the model knows, each a ValueError that names the numbers.
+def _check_input(model: "TransformerLM", token_ids: Tensor, token_positions: Tensor | None, cache: list | None) -> None:
+    """TransformerLM.forward's checks, made once at the model's edge (the blocks inside trust them), each an error
+    that names the numbers. Skipped inside `trusted()` (generate, which checked its prompt).
 
     The ids' range is the embedding's check, the forward's one read-back from the device: not made twice."""
+    if not checking():
+        return
     if token_ids.ndim < 1:
         raise ValueError(f"TransformerLM expects token ids of shape (..., seq), got a 0-d tensor: "
                          f"wrap one id as a sequence, token_ids.view(1)")
     if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
         raise TypeError(f"TransformerLM expects integer token ids (torch.long), got dtype {token_ids.dtype}")
-    seq = token_ids.shape[-1]
-    if seq > model.context_length:
-        raise ValueError(f"TransformerLM: the sequence has {seq} tokens, more than context_length="
-                         f"{model.context_length} (token_ids of shape {tuple(token_ids.shape)}); keep the last "
-                         f"{model.context_length} tokens, as generate does")
+    past = 0
+    if cache is not None:
+        lengths = sorted({layer_cache.length for layer_cache in cache})
+        if len(cache) != len(model.layers) or len(lengths) != 1:
+            raise ValueError(f"TransformerLM: the cache must be one per block, all of one length: {len(model.layers)} "
+                             f"blocks, {len(cache)} caches holding {lengths} positions (start again from empty ones)")
+        past = lengths[0]
+    check_length("TransformerLM", token_ids.shape[-1], model.context_length, "context_length", token_ids.shape,
+                 past=past, tensor="token_ids", advice=f"keep the last {model.context_length} tokens, as generate does")
+    check_positions("TransformerLM", token_positions, token_ids.shape, token_ids.shape, tensor="token_ids")
 
 
 def _check_generate(prompt_ids: Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
                     top_p: float | None) -> None:
-    """generate's checks (and the cached generate's, notebook 12): the prompt, the count, and the sampling
-    arguments (_check_sampling, with next_token_distribution below)."""
+    """generate's checks, made once before it decodes: the prompt, the count, and the sampling arguments
+    (_check_sampling, with next_token_distribution below). The ids' range is the embedding's check."""
     if prompt_ids.ndim != 1 or prompt_ids.numel() == 0:
         raise ValueError(f"generate needs the prompt as one non-empty sequence of ids, shape (prompt,), got "
                          f"shape {tuple(prompt_ids.shape)}")
+    if prompt_ids.dtype.is_floating_point or prompt_ids.dtype == torch.bool:
+        raise TypeError(f"generate expects integer token ids (torch.long), got dtype {prompt_ids.dtype}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     _check_sampling(temperature, top_k, top_p)
@@ -51,44 +63,42 @@ def _check_generate(prompt_ids: Tensor, max_new_tokens: int, temperature: float,
 class TransformerLM(nn.Module):
     """A decoder-only Transformer language model: token ids (..., seq) -> logits (..., seq, vocab_size).
 
-    token_embeddings, Embedding(vocab_size, d_model) -> `layers`, an nn.ModuleList of num_layers pre-norm
-    TransformerBlock(d_model, num_heads, d_ff, context_length, rope_theta) -> ln_final, RMSNorm(d_model) ->
-    lm_head, Linear(d_model, vocab_size). Row i of the output holds the logits of the token after position i,
-    from tokens 0 … i only (the blocks are causal). Logits, not probabilities: the loss (cross-entropy) and
-    sampling start from them. The state dict holds exactly the names of CONTRACT.md (token_embeddings.weight,
-    layers.{i}.ln1.weight, layers.{i}.attn.{q,k,v,output}_proj.weight, layers.{i}.ln2.weight,
-    layers.{i}.ffn.{w1,w2,w3}.weight, ln_final.weight, lm_head.weight): no bias, lm_head not tied.
-
-    Args:
-        vocab_size: valid ids are 0 … vocab_size - 1. context_length: the longest sequence (the blocks'
-            max_seq_len). d_model, num_layers, num_heads, d_ff: width, blocks, heads, SwiGLU's hidden width.
-        rope_theta: RoPE's base Θ (10,000 in Llama). device, dtype: where and in which dtype to create the weights.
-        fused: passed on to every block (attention with F.scaled_dot_product_attention: same logits, faster).
-    Raises ValueError for a size < 1, a sequence longer than context_length or an id outside [0, vocab_size);
-    TypeError for ids that are not integers.
+    token_embeddings (Embedding) -> `layers`, an nn.ModuleList of num_layers pre-norm TransformerBlocks (max_seq_len
+    = context_length) -> ln_final (RMSNorm) -> lm_head (Linear, not tied): row i of the output holds the logits of the
+    token after position i, from tokens 0 … i only. The state dict holds exactly CONTRACT.md's names, no bias.
+    rope_theta: RoPE's base Θ; fused, num_kv_heads, norm_eps: passed on to every block (norm_eps to ln_final too);
+    device, dtype: the weights'. The input is checked here, once: ValueError for a size < 1, a sequence longer than
+    context_length or an id outside [0, vocab_size), TypeError for ids that are not integers. The blocks trust it.
     """
 
     def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int, num_heads: int,
-                 d_ff: int, rope_theta: float, device=None, dtype=None, *, fused: bool = False) -> None:
+                 d_ff: int, rope_theta: float, device=None, dtype=None, *, fused: bool = False,
+                 num_kv_heads: int | None = None, norm_eps: float = 1e-5) -> None:
         super().__init__()
         _check_arguments(vocab_size=vocab_size, context_length=context_length, d_model=d_model, num_layers=num_layers,
                          num_heads=num_heads, d_ff=d_ff)
         self.vocab_size, self.context_length, self.num_layers = vocab_size, context_length, num_layers
         self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
         self.layers = nn.ModuleList(
-            TransformerBlock(d_model, num_heads, d_ff, context_length, rope_theta, device=device, dtype=dtype, fused=fused)
+            TransformerBlock(d_model, num_heads, d_ff, context_length, rope_theta, device=device, dtype=dtype,
+                             fused=fused, num_kv_heads=num_kv_heads, norm_eps=norm_eps)
             for _ in range(num_layers))
-        self.ln_final = RMSNorm(d_model, device=device, dtype=dtype)
+        self.ln_final = RMSNorm(d_model, norm_eps, device=device, dtype=dtype)
         self.lm_head = Linear(d_model, vocab_size, device=device, dtype=dtype)
 
     @shape_checked
-    def forward(self, token_ids: Integer[Tensor, "*batch seq"],
-                token_positions: Int[Tensor, "*#batch seq"] | None = None) -> Float[Tensor, "*batch seq vocab"]:
-        """(..., seq) ids -> (..., seq, vocab_size) logits; token_positions (..., seq), None = 0 … seq-1."""
-        _check_input(self, token_ids)
+    def forward(self, token_ids: Integer[Tensor, "*batch seq"], token_positions: Int[Tensor, "*#batch seq"] | None = None,
+                *, cache: list | None = None) -> Float[Tensor, "*batch seq vocab"]:
+        """(..., seq) ids -> (..., seq, vocab_size) logits; token_positions (..., seq), None = 0 … seq-1.
+
+        cache: None, or one cache per block (notebook 12's KVCache.for_model(model)), block i getting cache[i]: the
+        ids are then the tokens that follow the ones the caches hold, and the caches keep the new ones too."""
+        _check_input(self, token_ids, token_positions, cache)
         x = self.token_embeddings(token_ids)  # checks the ids' range: the forward's one read-back
-        for layer in self.layers:
-            x = layer(x, token_positions)
+        caches = [None] * len(self.layers) if cache is None else cache
+        with trusted():                       # checked above: the blocks skip their own checks
+            for layer, layer_cache in zip(self.layers, caches):
+                x = layer(x, token_positions, cache=layer_cache)
         return self.lm_head(self.ln_final(x))
 
     def extra_repr(self) -> str:
@@ -96,33 +106,37 @@ class TransformerLM(nn.Module):
 
 
 def count_resources(vocab_size: int, context_length: int, d_model: int, num_layers: int, num_heads: int,
-                    d_ff: int) -> dict:
+                    d_ff: int, *, num_kv_heads: int | None = None) -> dict:
     """What a TransformerLM of this configuration costs: its parameters, their float32 memory, and the FLOPs of
     one forward pass over one sequence of t = context_length tokens.
 
     Returns a dict:
-        "parameters": {"token_embeddings": V·d, "attention": 4·d² per layer (q, k, v, output_proj),
+        "parameters": {"token_embeddings": V·d, "attention": 2·d² + 2·d·d_kv per layer (q and output_proj
+            d × d, k and v d_kv × d, where d_kv = num_kv_heads · d / num_heads: d_kv = d, 4·d², without grouping),
             "ffn": 3·d·d_ff per layer (w1, w2, w3), "norms": d per RMSNorm (ln1, ln2 per layer, and ln_final),
             "lm_head": d·V, "total": their sum};
         "memory_fp32_bytes": 4 bytes per parameter (the weights alone: no gradients, optimiser state or
             activations);
-        "flops": {"attention_projections": 4 · 2·t·d² per layer, "attention_scores": 2 · 2·t²·d per layer
+        "flops": {"attention_projections": 2·t·(2·d² + 2·d·d_kv) per layer, "attention_scores": 2 · 2·t²·d per layer
             (Q·Kᵀ, then weights·V, over all heads), "ffn": 3 · 2·t·d·d_ff per layer, "lm_head": 2·t·d·V,
             "total": their sum}.
     Only matrix products count, (m×n)(n×p) = 2mnp FLOPs; the embedding lookup (a gather), the norms, RoPE,
     the softmax and SiLU are elementwise and left out. num_heads changes none of the numbers (the heads slice
-    d_model) but must divide d_model. All numbers are Python ints (exact for any size).
+    d_model) but must divide d_model; num_kv_heads (None = num_heads) must divide num_heads, and shrinks k and v.
+    All numbers are Python ints (exact for any size).
     """
     _check_arguments(vocab_size=vocab_size, context_length=context_length, d_model=d_model, num_layers=num_layers,
                      num_heads=num_heads, d_ff=d_ff)
-    if d_model % num_heads != 0:
-        raise ValueError(f"count_resources: num_heads must divide d_model, got d_model={d_model}, "
-                         f"num_heads={num_heads}")
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    if d_model % num_heads != 0 or num_kv_heads < 1 or num_heads % num_kv_heads != 0:
+        raise ValueError(f"count_resources: num_heads must divide d_model and num_kv_heads num_heads, got "
+                         f"d_model={d_model}, num_heads={num_heads}, num_kv_heads={num_kv_heads}")
     V, t, d, L = vocab_size, context_length, d_model, num_layers
+    d_kv = num_kv_heads * (d_model // num_heads)  # the keys' and values' width: d without grouping
     # Two dicts, `parameters` and `flops`, by component (the keys above, without "total"):
-    parameters = {"token_embeddings": V * d, "attention": L * 4 * d * d, "ffn": L * 3 * d * d_ff,
+    parameters = {"token_embeddings": V * d, "attention": L * (2 * d * d + 2 * d * d_kv), "ffn": L * 3 * d * d_ff,
                   "norms": (2 * L + 1) * d, "lm_head": d * V}
-    flops = {"attention_projections": L * 4 * 2 * t * d * d, "attention_scores": L * 2 * 2 * t * t * d,
+    flops = {"attention_projections": L * 2 * t * (2 * d * d + 2 * d * d_kv), "attention_scores": L * 2 * 2 * t * t * d,
              "ffn": L * 3 * 2 * t * d * d_ff, "lm_head": 2 * t * d * V}
     parameters["total"], flops["total"] = sum(parameters.values()), sum(flops.values())
     return {"parameters": parameters, "memory_fp32_bytes": 4 * parameters["total"], "flops": flops}
@@ -173,42 +187,59 @@ def next_token_distribution(logits: Float[Tensor, "*batch vocab"], temperature: 
     return probs
 
 
+def _new_cache(model: nn.Module) -> list | None:
+    """One empty KV cache per block (notebook 12's KVCache) for a model whose forward takes `cache` (a
+    TransformerLM); None for any other model, and for a KVCache not written yet (the student edition before notebook
+    12: then generate decodes without a cache)."""
+    if "cache" not in inspect.signature(model.forward).parameters:
+        return None
+    from transformer_from_scratch.kv_cache import KVCache  # notebook 12's module: imported when first needed
+    try:
+        return KVCache.for_model(model)
+    except NotImplementedError:
+        return None
+
+
 @torch.no_grad()
-def generate(model: nn.Module, prompt_ids: Int[Tensor, "prompt"], max_new_tokens: int, *,
+def generate(model: nn.Module, prompt_ids: Int[Tensor, "prompt"], max_new_tokens: int, *, use_cache: bool = True,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              generator: torch.Generator | None = None, eos_id: int | None = None) -> Int[Tensor, "new"]:
-    """Continue prompt_ids by up to max_new_tokens tokens, one at a time, and return the new ids only.
+    """Continue prompt_ids (one sequence of at least one id, on the model's device) by up to max_new_tokens ids, one
+    at a time; return the new ids only, shape (n,) with n <= max_new_tokens.
 
-    Each step runs the model on the last model.context_length ids (older ones fall out of the window, so the
-    text can grow past the context length), takes the logits of the last position and picks the next id: the
-    argmax when temperature is 0 (greedy, the same every time), otherwise a draw with torch.multinomial from
-    next_token_distribution(logits, temperature, top_k, top_p), using `generator` (seed it for a sample you
-    can reproduce; it must live on the model's device). Stops after emitting eos_id, if one is given.
+    Each step runs the model on the last model.context_length ids (so the text can grow past the context), takes
+    the logits of the last position and picks the next id: the argmax at temperature 0 (greedy), otherwise one
+    torch.multinomial draw from next_token_distribution(logits, temperature, top_k, top_p) with `generator` (seed it
+    for a sample you can reproduce; it lives on the model's device). Stops after emitting eos_id, if one is given.
 
-    Args:
-        model: a TransformerLM, or any module with .context_length that maps ids (1, seq) to logits
-            (1, seq, vocab).
-        prompt_ids: one sequence of at least one id, shape (prompt,), on the model's device.
-        max_new_tokens: how many ids to add at most (0 returns an empty tensor).
-
-    Returns:
-        The new ids, shape (n,) with n <= max_new_tokens, on the prompt's device.
-
-    Raises:
-        ValueError: the prompt is not one non-empty sequence, max_new_tokens < 0, or a sampling argument is
-            out of range (see next_token_distribution).
+    use_cache (the default; a model whose forward takes `cache`, a TransformerLM): every block's keys and values are
+    kept (notebook 12's KV cache), so the prompt runs once and each later step the newest id alone, with the same ids
+    (to the rounding of the logits). When the window slides, every cached key sits at a stale position: the caches
+    start again from the window. Any other model (with .context_length, ids (1, seq) -> logits (1, seq, vocab))
+    decodes without one. The arguments are checked once, here; the steps skip the per-call checks (`trusted()`).
+    Raises ValueError (TypeError for ids that are not integers) for a prompt that is not one non-empty sequence,
+    max_new_tokens < 0, or a sampling argument out of range.
     """
     _check_generate(prompt_ids, max_new_tokens, temperature, top_k, top_p)
-    ids = prompt_ids
-    for _ in range(max_new_tokens):
-        window = ids[-model.context_length:]                   # the last context_length ids at most
-        logits = model(window.unsqueeze(0))[0, -1]             # (vocab,): the next token's logits
-        if temperature == 0:
-            next_id = logits.argmax().view(1)
-        else:
-            probs = next_token_distribution(logits, temperature, top_k, top_p)
-            next_id = torch.multinomial(probs, 1, generator=generator)
-        ids = torch.cat([ids, next_id.to(ids.dtype)])
-        if eos_id is not None and next_id.item() == eos_id:
-            break
+    cache = _new_cache(model) if use_cache else None
+    ids, start = prompt_ids, 0
+    with trusted():
+        for _ in range(max_new_tokens):
+            window = max(0, len(ids) - model.context_length)   # the model sees ids[window:], context_length at most
+            if cache is not None and window != start:          # the window slid: every cached position is stale
+                for layer_cache in cache:
+                    layer_cache.reset()
+            start = window
+            if cache is None:
+                logits = model(ids[start:].unsqueeze(0))[0, -1]  # (vocab,): the next token's logits
+            else:                                            # only the ids the caches do not hold yet
+                logits = model(ids[start + cache[0].length:].unsqueeze(0), cache=cache)[0, -1]
+            if temperature == 0:
+                next_id = logits.argmax().view(1)
+            else:
+                probs = next_token_distribution(logits, temperature, top_k, top_p)
+                next_id = torch.multinomial(probs, 1, generator=generator)
+            ids = torch.cat([ids, next_id.to(ids.dtype)])
+            if eos_id is not None and next_id.item() == eos_id:
+                break
     return ids[prompt_ids.numel():]

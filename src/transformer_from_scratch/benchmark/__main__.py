@@ -48,7 +48,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+from .._project import repo_root
+
+REPO = repo_root()
 
 # The training shape of the targets on a CPU, and a larger one (GPT-2 small's width and depth) on a GPU.
 SHAPES = {
@@ -60,8 +62,8 @@ TRAIN_ROWS = ["reference", "ours, checks on", "ours, checks off", "ours fused, c
 LOOP_ROWS = ["PyTorch's parts, ReferenceLM", "make train's: the course's parts, TransformerLM"]
 DECODE_ROWS = ["reference", "ours, checks on", "ours, checks off", "ours fused, checks off"]
 DECODE = dict(prompt=32, new_tokens=96)
-KV_DECODE_ROWS = ["reference, its KV cache", "ours, KV cache, checks off", "ours fused, KV cache, checks off",
-                  "ours, no cache, checks off"]
+KV_DECODE_ROWS = ["reference, its KV cache", "ours, KV cache, checks on", "ours, KV cache, checks off",
+                  "ours fused, KV cache, checks off", "ours, no cache, checks off"]
 KV_DECODE = dict(prompt=32, new_tokens=128)
 SMALL_ROWS = ["reference", "ours, checks off", "ours fused, checks off"]
 SMALL = dict(batch=1, seq=16)
