@@ -200,19 +200,6 @@ COMPONENT_MISTAKES = {
 }
 
 
-@pytest.mark.parametrize("name", COMPONENT_MISTAKES)
-def test_check_multihead_self_attention_names_each_grouped_and_cache_mistake(name):
-    flags, phrase = COMPONENT_MISTAKES[name]
-    with pytest.raises(AssertionError) as caught:
-        check_multihead_self_attention(mutant(**flags))
-    assert phrase in str(caught.value).splitlines()[0], str(caught.value)
-
-
-def test_the_mutant_without_a_mistake_passes(capsys):
-    check_multihead_self_attention(mutant())
-    assert "grouped-query attention; the cache's hook" in capsys.readouterr().out
-
-
 # ---- check_transformer_lm's keywords and cache parts: each planted mistake caught with its own message -------------
 
 from transformer_from_scratch import RMSNorm  # noqa: E402
@@ -248,19 +235,6 @@ LM_MUTANTS = {
 }
 
 
-@pytest.mark.parametrize("name", LM_MUTANTS)
-def test_check_transformer_lm_names_each_keyword_and_cache_mistake(name):
-    flags, phrase = LM_MUTANTS[name]
-    with pytest.raises(AssertionError) as caught:
-        check_transformer_lm(lm_mutant(**flags))
-    assert phrase in str(caught.value).splitlines()[0], str(caught.value)
-
-
-def test_the_lm_mutant_without_a_mistake_passes(capsys):
-    check_transformer_lm(lm_mutant())
-    assert "num_kv_heads and norm_eps passed on; a cache per block" in capsys.readouterr().out
-
-
 # ---- check_transformer_block's keywords and cache: each planted mistake caught with its own message ----------------
 
 from transformer_from_scratch.checks import check_transformer_block  # noqa: E402
@@ -286,14 +260,27 @@ BLOCK_MUTANTS = {
 }
 
 
-@pytest.mark.parametrize("name", BLOCK_MUTANTS)
-def test_check_transformer_block_names_each_keyword_mistake(name):
-    flags, phrase = BLOCK_MUTANTS[name]
+# ---- the three component checks: each planted mistake above named in the first line; no mistake, one pass line ------
+
+PLANTED = {**{f"attention: {name}": (check_multihead_self_attention, mutant, *case)
+              for name, case in COMPONENT_MISTAKES.items()},
+           **{f"block: {name}": (check_transformer_block, block_mutant, *case) for name, case in BLOCK_MUTANTS.items()},
+           **{f"model: {name}": (check_transformer_lm, lm_mutant, *case) for name, case in LM_MUTANTS.items()}}
+RIGHT = {"attention": (check_multihead_self_attention, mutant, "grouped-query attention; the cache's hook"),
+         "block": (check_transformer_block, block_mutant, "num_kv_heads, norm_eps and the cache passed on"),
+         "model": (check_transformer_lm, lm_mutant, "num_kv_heads and norm_eps passed on; a cache per block")}
+
+
+@pytest.mark.parametrize("name", PLANTED)
+def test_each_planted_mistake_is_named_in_the_first_line(name):
+    check, make, flags, phrase = PLANTED[name]
     with pytest.raises(AssertionError) as caught:
-        check_transformer_block(block_mutant(**flags))
+        check(make(**flags))
     assert phrase in str(caught.value).splitlines()[0], str(caught.value)
 
 
-def test_the_block_mutant_without_a_mistake_passes(capsys):
-    check_transformer_block(block_mutant())
-    assert "num_kv_heads, norm_eps and the cache passed on" in capsys.readouterr().out
+@pytest.mark.parametrize("name", RIGHT)
+def test_without_a_mistake_the_check_passes_and_says_what_it_checked(name, capsys):
+    check, make, said = RIGHT[name]
+    check(make())
+    assert said in capsys.readouterr().out
