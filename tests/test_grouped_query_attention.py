@@ -284,3 +284,15 @@ def test_without_a_mistake_the_check_passes_and_says_what_it_checked(name, capsy
     check, make, said = RIGHT[name]
     check(make())
     assert said in capsys.readouterr().out
+
+
+def test_the_blocks_share_one_set_of_rope_tables():
+    """Every block's RoPE holds the same cos and sin tables: the model keeps one (SmolLM2's 30 layers at a context of
+    8,192 would otherwise hold 30 copies of 2 MiB), moved once by .to(), and none of it in the state dict."""
+    model = TransformerLM(40, SEQ, D, 3, H, 64, THETA)
+    assert len({id(layer.attn.rope) for layer in model.layers}) == 1
+    assert [name for name, _ in model.named_buffers()] == ["layers.0.attn.rope.cos_table", "layers.0.attn.rope.sin_table"]
+    assert not any("rope" in name for name in model.state_dict())
+    model.to(torch.float64)  # moved (and cast) once, still shared
+    assert model.layers[2].attn.rope is model.layers[0].attn.rope
+    assert model.layers[2].attn.rope.cos_table.dtype == torch.float64

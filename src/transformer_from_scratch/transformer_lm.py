@@ -1,6 +1,6 @@
 # Generated from notebooks/10_transformer_lm.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 3cb765a02175bcf62240c8b29de8fc6cdece2af1dec9d005812370186e1b779f
+# body-sha256: 53df1a4210ee7f42f5ff66cbe3df7769ae3f8ced432dfcebd0eee0dc55ecd897
 
 import inspect
 
@@ -85,6 +85,8 @@ class TransformerLM(nn.Module):
             for _ in range(num_layers))
         self.ln_final = RMSNorm(d_model, norm_eps, device=device, dtype=dtype)
         self.lm_head = Linear(d_model, vocab_size, device=device, dtype=dtype)
+        for layer in self.layers[1:]:  # every block's RoPE tables are the same numbers: keep one set, the first's
+            layer.attn.rope = self.layers[0].attn.rope
 
     @shape_checked
     def forward(self, token_ids: Integer[Tensor, "*batch seq"], token_positions: Int[Tensor, "*#batch seq"] | None = None,
