@@ -262,3 +262,17 @@ def test_a_cached_step_reads_the_device_once_whatever_the_depth():
     with Spy():
         model(ids[:, 5:], cache=caches)
     assert len(reads) == 2
+
+
+def test_trusted_is_per_thread():
+    """A model's trusted() block skips the checks of its own thread only: another thread's calls keep theirs."""
+    import threading
+
+    from transformer_from_scratch import shapes
+    seen = []
+    with shapes.trusted():
+        thread = threading.Thread(target=lambda: seen.append(shapes.checking()))
+        thread.start()
+        thread.join()
+        assert not shapes.checking()
+    assert seen == [True] and shapes.checking()

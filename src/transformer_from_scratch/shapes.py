@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import threading
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -76,22 +77,24 @@ class trusted:
     """
 
     def __enter__(self) -> None:
-        global _trusted_depth
         if not torch.compiler.is_compiling():
-            _trusted_depth += 1
+            _trusted.depth = _trusted_depth() + 1
 
     def __exit__(self, *exc_info: object) -> None:
-        global _trusted_depth
         if not torch.compiler.is_compiling():
-            _trusted_depth -= 1
+            _trusted.depth = _trusted_depth() - 1
 
 
-_trusted_depth = 0  # how many trusted() blocks are open
+_trusted = threading.local()  # how many trusted() blocks are open, per thread: another thread keeps its checks
+
+
+def _trusted_depth() -> int:
+    return getattr(_trusted, "depth", 0)
 
 
 def checking() -> bool:
     """Whether a component should check its inputs now: False inside ``trusted()`` (its caller checked them)."""
-    return _trusted_depth == 0
+    return _trusted_depth() == 0
 
 
 def check_length(who: str, seq: int, limit: int, name: str, shape: tuple[int, ...], *, past: int = 0,
@@ -152,7 +155,7 @@ def shape_checked(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        if not _enabled or _trusted_depth or torch.compiler.is_compiling():
+        if not _enabled or _trusted_depth() or torch.compiler.is_compiling():
             return fn(*args, **kwargs)
         try:
             return checked(*args, **kwargs)
