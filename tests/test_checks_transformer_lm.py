@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
@@ -16,14 +17,21 @@ class Steps(TransformerLM):
     """The reference computation, one step per method, so that each mutant below changes exactly one step."""
 
     def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, device=None,
-                 dtype=None, *, fused=False):
+                 dtype=None, *, fused=False, tie_embeddings=False):
         super().__init__(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, device=device,
                          dtype=dtype, fused=fused)
         self.d_model, self.device, self.dtype = d_model, device, dtype
         self.setup()
+        if tie_embeddings:
+            self.tie()
 
     def setup(self):
         """A hook for the mutants that change what __init__ creates."""
+
+    def tie(self):
+        """tie_embeddings=True, the plain way (without the package's load_state_dict rule, which the check leaves
+        alone); a hook for the mutants that tie wrongly."""
+        self.lm_head.weight = self.token_embeddings.weight
 
     def embed(self, token_ids):
         return self.token_embeddings(token_ids)
@@ -87,6 +95,50 @@ class ScaledEmbeddings(Steps):
 class Tied(Steps):
     def setup(self):
         self.lm_head.weight = self.token_embeddings.weight
+
+
+# --- tie_embeddings=True ---------------------------------------------------------------------------------------
+
+class TieIgnored(Steps):
+    def tie(self):
+        pass
+
+
+class TiedByClone(Steps):
+    def tie(self):
+        self.lm_head.weight = nn.Parameter(self.token_embeddings.weight.detach().clone())
+
+
+class TiedByDataCopy(Steps):
+    def tie(self):
+        self.lm_head.weight.data.copy_(self.token_embeddings.weight.data)
+
+
+class TiedBySecondParameter(Steps):
+    def tie(self):
+        self.lm_head.weight = nn.Parameter(self.token_embeddings.weight)  # same storage, a second Parameter
+
+
+class TiedTheOtherWay(Steps):
+    def tie(self):
+        self.token_embeddings.weight = self.lm_head.weight  # the shared matrix gets lm_head's initialisation
+
+
+class TiedWithoutLmHead(Steps):
+    def tie(self):
+        del self.lm_head
+
+    def finish(self, x):
+        if not hasattr(self, "lm_head"):
+            return F.linear(self.ln_final(x), self.token_embeddings.weight)
+        return super().finish(x)
+
+
+class TiedButDetachedHead(Steps):
+    def finish(self, x):
+        if self.lm_head.weight is self.token_embeddings.weight:  # the logits' use gives the matrix no gradient
+            return F.linear(self.ln_final(x), self.lm_head.weight.detach())
+        return super().finish(x)
 
 
 # --- the blocks ------------------------------------------------------------------------------------------------
@@ -246,6 +298,13 @@ MUTANTS = [
     (NoLnFinal, "has no ln_final"),
     (ScaledEmbeddings, "multiplied by √d_model"),
     (Tied, "tied to token_embeddings"),
+    (TieIgnored, "ignores tie_embeddings"),
+    (TiedByClone, "copies token_embeddings.weight into lm_head"),
+    (TiedByDataCopy, "copies token_embeddings.weight into lm_head"),
+    (TiedBySecondParameter, "second nn.Parameter"),
+    (TiedTheOtherWay, "has lm_head's initialisation"),
+    (TiedWithoutLmHead, "has no lm_head.weight"),
+    (TiedButDetachedHead, "not the reference's, the sum of its two uses"),
     (PlainList, "plain Python list"),
     (SameBlock, "the same block object"),
     (OneBlockTooFew, "has 1 block in layers"),

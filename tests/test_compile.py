@@ -1,11 +1,12 @@
 """torch.compile and the shape-check switch.
 
 `torch.compile(model, fullgraph=True, backend="aot_eager")` of a tiny TransformerLM: one graph, no break, with the
-logits and every weight's gradient equal to eager's (same weights), with the run-time shape checks on and off, and
-with fused=True. aot_eager traces forward and backward as inductor does but runs them without generating code, so
-the test stays quick on a CPU; what is checked is that the model traces as one graph and that the traced graph
-computes what eager does. Then the switch: `set_shape_checks(False)` really bypasses jaxtyping, `shape_checks`
-restores the previous setting even when its block raises, and the switch takes only True or False.
+logits and every weight's gradient equal to eager's (same weights), with the run-time shape checks on and off, with
+fused=True, and with tie_embeddings=True (one Parameter read twice). aot_eager traces forward and backward as inductor
+does but runs them without generating code, so the test stays quick on a CPU; what is checked is that the model traces
+as one graph and that the traced graph computes what eager does. Then the switch: `set_shape_checks(False)` really
+bypasses jaxtyping, `shape_checks` restores the previous setting even when its block raises, and the switch takes
+only True or False.
 """
 
 import pytest
@@ -39,13 +40,13 @@ def gradients(model):
 
 
 @pytest.mark.parametrize(
-    "fused, checks",
-    [(False, True), (False, False), (True, True)],
-    ids=["from-scratch-checks-on", "from-scratch-checks-off", "fused-checks-on"],
+    "fused, checks, tie",
+    [(False, True, False), (False, False, False), (True, True, False), (False, True, True)],
+    ids=["from-scratch-checks-on", "from-scratch-checks-off", "fused-checks-on", "tied-embeddings-checks-on"],
 )
-def test_compiled_model_matches_eager_forward_and_backward(fresh_dynamo, fused, checks):
+def test_compiled_model_matches_eager_forward_and_backward(fresh_dynamo, fused, checks, tie):
     torch.manual_seed(0)
-    model = TransformerLM(**TINY_LM, fused=fused)
+    model = TransformerLM(**TINY_LM, fused=fused, tie_embeddings=tie)
     ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
     upstream = torch.randn(2, 12, 50, generator=torch.Generator().manual_seed(2))  # a random dL/d(logits)
     with shape_checks(checks):

@@ -1,8 +1,10 @@
 """TransformerLM (notebook 10): the composition embeddings -> blocks -> ln_final -> lm_head against the same steps
 written with PyTorch built-ins, causality, state-dict names and a save/load round trip, device and dtype, gradients,
-bad input; count_resources against counted parameters and PyTorch's FLOP counter; next_token_distribution and
-generate (greedy = the argmax loop, seeded samples, filters never emit an excluded token, the context window)."""
+bad input; tie_embeddings (one Parameter, both names saved, its load rule, its gradient); count_resources against
+counted parameters and PyTorch's FLOP counter; next_token_distribution and generate (greedy = the argmax loop, seeded
+samples, filters never emit an excluded token, the context window)."""
 
+import copy
 import math
 
 import pytest
@@ -164,6 +166,128 @@ def test_gradcheck_every_weight():
     assert torch.autograd.gradcheck(as_function, weights)
 
 
+# --- tie_embeddings ------------------------------------------------------------------------------------------
+
+def test_tied_lm_head_is_the_embeddings_parameter_saved_under_both_names():
+    tied, untied = make(tie_embeddings=True), make()
+    assert tied.lm_head.weight is tied.token_embeddings.weight
+    assert [name for name, _ in tied.named_parameters()] == spec_names(L)[:-1]  # listed once, under its first name
+    state = tied.state_dict()
+    assert list(state) == spec_names(L) and torch.equal(state["lm_head.weight"], state["token_embeddings.weight"])
+    assert sum(p.numel() for p in tied.parameters()) == sum(p.numel() for p in untied.parameters()) - V * D
+
+
+def test_tying_changes_nothing_else_and_keeps_the_embeddings_initialisation():
+    """The same seed gives the same weights as the untied model (lm_head's own is drawn, then dropped), and the one
+    matrix keeps Embedding's N(0, 1) cut at ±3."""
+    tied, untied = make(tie_embeddings=True), make()
+    for (name, p), (_, q) in zip(tied.named_parameters(), untied.named_parameters()):
+        assert torch.equal(p, q), name
+    torch.manual_seed(0)
+    big = TransformerLM(512, 16, 128, 1, 4, 64, THETA, tie_embeddings=True)
+    assert abs(big.lm_head.weight.std().item() - 0.987) < 0.02
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_tied_logits_are_the_composition_with_one_matrix(dtype):
+    model = make(dtype=dtype, tie_embeddings=True)
+    ids = random_ids(2, 6)
+    torch.testing.assert_close(model(ids), composed(model, ids))
+    x = F.rms_norm(model.layers[1](model.layers[0](model.token_embeddings.weight[ids])), (D,), model.ln_final.weight,
+                   eps=model.ln_final.eps)
+    torch.testing.assert_close(model(ids), x @ model.token_embeddings.weight.T)
+
+
+def test_the_gradient_of_the_one_matrix_is_the_sum_of_its_two_uses():
+    """Against the untied model holding the same numbers in both matrices: the tied gradient is the sum of the
+    embedding's and lm_head's there; and against a functional call where one leaf plays both parts."""
+    tied = make(dtype=torch.float64, tie_embeddings=True)
+    untied = make(dtype=torch.float64)
+    untied.load_state_dict(tied.state_dict(), strict=True)
+    ids, upstream = random_ids(2, 6), torch.randn(2, 6, V, generator=torch.Generator().manual_seed(3),
+                                                  dtype=torch.float64)
+    (tied(ids) * upstream).sum().backward()
+    (untied(ids) * upstream).sum().backward()
+    shared = tied.token_embeddings.weight.grad
+    torch.testing.assert_close(shared, untied.token_embeddings.weight.grad + untied.lm_head.weight.grad)
+    assert not torch.allclose(shared, untied.lm_head.weight.grad)  # both uses count
+    leaf = tied.token_embeddings.weight.detach().clone().requires_grad_()
+    weights = {name: p.detach() for name, p in tied.named_parameters()} | {"token_embeddings.weight": leaf,
+                                                                            "lm_head.weight": leaf}
+    (torch.func.functional_call(untied, weights, (ids,)) * upstream).sum().backward()
+    torch.testing.assert_close(shared, leaf.grad)
+    for (name, p), (_, q) in zip(tied.named_parameters(), untied.named_parameters()):
+        if name != "token_embeddings.weight":
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+def test_a_tied_checkpoint_loads_strictly_into_a_tied_model_and_an_untied_one(tmp_path):
+    model = make(tie_embeddings=True)
+    path = tmp_path / "tied.pt"
+    torch.save(model.state_dict(), path)
+    ids = random_ids(2, 6)
+    for tie in (True, False):
+        fresh = make(seed=5, tie_embeddings=tie)
+        assert not torch.allclose(fresh(ids), model(ids))
+        fresh.load_state_dict(torch.load(path, weights_only=True), strict=True)
+        assert torch.equal(fresh(ids), model(ids))
+        assert (fresh.lm_head.weight is fresh.token_embeddings.weight) is tie
+    untied = make(seed=5)
+    untied.load_state_dict(torch.load(path, weights_only=True), strict=True)
+    assert torch.equal(untied.lm_head.weight, untied.token_embeddings.weight)
+    untied.lm_head.weight.data.add_(1.0)  # the untied model's two matrices are separate from now on
+    assert not torch.equal(untied.lm_head.weight, untied.token_embeddings.weight)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_tied_model_refuses_two_different_matrices_and_copies_nothing(strict):
+    tied = make(tie_embeddings=True)
+    before = {name: t.clone() for name, t in tied.state_dict().items()}
+    untied = make(seed=5).state_dict()
+    with pytest.raises(ValueError, match=r"token_embeddings\.weight and lm_head\.weight.*tie_embeddings=False"):
+        tied.load_state_dict(untied, strict=strict)
+    assert all(torch.equal(t, before[name]) for name, t in tied.state_dict().items())
+    assert tied.lm_head.weight is tied.token_embeddings.weight
+    with pytest.raises(RuntimeError, match="Missing key.*lm_head.weight"):  # a missing name is PyTorch's to report
+        tied.load_state_dict({k: v for k, v in untied.items() if k != "lm_head.weight"}, strict=True)
+
+
+def test_the_rule_holds_inside_another_module_under_its_prefix():
+    outer = nn.Sequential(make(tie_embeddings=True))
+    state = {name: t.clone() for name, t in outer.state_dict().items()}
+    state["0.lm_head.weight"] += 1
+    with pytest.raises(ValueError, match=r"0\.token_embeddings\.weight and 0\.lm_head\.weight"):
+        outer.load_state_dict(state)
+
+
+def test_assign_true_keeps_the_tie():
+    """load_state_dict(..., assign=True) gives every name a Parameter of its own; the tied model ties again."""
+    source = make(seed=5, tie_embeddings=True).state_dict()
+    model = make(tie_embeddings=True)
+    model.load_state_dict(source, assign=True, strict=True)
+    assert model.lm_head.weight is model.token_embeddings.weight
+    assert torch.equal(model.token_embeddings.weight, source["token_embeddings.weight"])
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in make().parameters()) - V * D
+
+
+def test_to_half_deepcopy_and_the_meta_device_keep_the_tie():
+    model = make(tie_embeddings=True)
+    for moved in (model.to(torch.float64), model.half(), copy.deepcopy(model),
+                  TransformerLM(*CONFIG, device="meta", tie_embeddings=True)):
+        assert moved.lm_head.weight is moved.token_embeddings.weight
+    assert model.lm_head.weight.dtype == torch.float16
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_tied_model_trains_its_one_matrix_once_per_step(device):
+    model = make(device, tie_embeddings=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    assert sum(len(group["params"]) for group in optimizer.param_groups) == len(spec_names(L)) - 1
+    F.cross_entropy(model(random_ids(2, 6, device=device)).flatten(0, 1), random_ids(12, seed=2, device=device)).backward()
+    optimizer.step()
+    assert model.lm_head.weight is model.token_embeddings.weight
+
+
 # --- count_resources -----------------------------------------------------------------------------------------
 
 def counted(model):
@@ -211,6 +335,18 @@ def test_flops_equal_what_pytorch_counts(config):
     with FlopCounterMode(display=False) as counter:
         model(random_ids(1, context, vocab=vocab))
     assert counter.get_total_flops() == count_resources(*config)["flops"]["total"]
+
+
+@pytest.mark.parametrize("config", [CONFIG[:-1], (58, 64, 64, 2, 4, 192)], ids=str)
+def test_count_resources_counts_a_tied_matrix_once(config):
+    tied, untied = count_resources(*config, tie_embeddings=True), count_resources(*config)
+    model = TransformerLM(*config, THETA, tie_embeddings=True)
+    vocab, d_model = config[0], config[2]
+    assert tied["parameters"]["total"] == sum(p.numel() for p in model.parameters())
+    assert tied["parameters"] == untied["parameters"] | {"lm_head": 0, "total": untied["parameters"]["total"]
+                                                         - vocab * d_model}
+    assert tied["memory_fp32_bytes"] == 4 * tied["parameters"]["total"]
+    assert tied["flops"] == untied["flops"]  # lm_head's product runs all the same
 
 
 def test_count_resources_refuses_heads_that_do_not_divide():

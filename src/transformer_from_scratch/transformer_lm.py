@@ -1,6 +1,6 @@
 # Generated from notebooks/10_transformer_lm.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 53df1a4210ee7f42f5ff66cbe3df7769ae3f8ced432dfcebd0eee0dc55ecd897
+# body-sha256: 5eb4eda70cfe66fce5b4fa1c908ae847ec1b9245b6c9fbef40d01f21af8cb8c0
 
 import inspect
 
@@ -60,20 +60,54 @@ def _check_generate(prompt_ids: Tensor, max_new_tokens: int, temperature: float,
     _check_sampling(temperature, top_k, top_p)
 
 
+def _tie_embeddings(model: nn.Module) -> None:
+    """TransformerLM(..., tie_embeddings=True): lm_head.weight becomes token_embeddings.weight, one Parameter E that
+    both read (the lookup takes E's rows, the logits are E·h), as in GPT-2 and SmolLM2. It keeps the embedding's
+    initialisation, N(0, 1) cut at ±3 (lm_head's own is dropped), so the initial logits are about √d_model in size,
+    where lm_head's own initialisation keeps them of order 1. model.parameters() holds E once, the state dict under
+    both names (its checkpoints load into a tied model and an untied one); .to() and .half() keep the tie. Loading
+    copies both names into E, the last one winning: a state dict whose two entries differ is refused instead
+    (ValueError, before they are copied), and after load_state_dict(..., assign=True), which gives each name its own
+    Parameter, lm_head is tied to the embedding again."""
+    model.lm_head.weight = model.token_embeddings.weight
+    model.register_load_state_dict_pre_hook(_refuse_two_matrices)
+    model.register_load_state_dict_post_hook(_tie_again)
+
+
+def _refuse_two_matrices(model: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """A tied model's load_state_dict: its one matrix's two names must hold the same numbers, else a ValueError."""
+    names = (prefix + "token_embeddings.weight", prefix + "lm_head.weight")
+    if not all(name in state_dict for name in names):
+        return                         # a missing name is load_state_dict's to report (strict=True)
+    embedding, head = (state_dict[name] for name in names)
+    if embedding is head or embedding.is_meta or head.is_meta:
+        return
+    if embedding.shape != head.shape or not torch.equal(embedding, head.to(embedding.device, embedding.dtype)):
+        raise ValueError(f"this TransformerLM ties its embeddings (tie_embeddings=True), but the state dict holds two "
+                         f"different matrices for its one: {names[0]} and {names[1]} (shapes "
+                         f"{tuple(embedding.shape)}, {tuple(head.shape)}); load it into a model built with "
+                         f"tie_embeddings=False, or give both names the same tensor")
+
+
+def _tie_again(model: nn.Module, incompatible_keys) -> None:
+    """After load_state_dict: lm_head's weight is the embedding's again (assign=True gives each name its own)."""
+    model.lm_head.weight = model.token_embeddings.weight
+
+
 class TransformerLM(nn.Module):
     """A decoder-only Transformer language model: token ids (..., seq) -> logits (..., seq, vocab_size).
 
     token_embeddings (Embedding) -> `layers`, an nn.ModuleList of num_layers pre-norm TransformerBlocks (max_seq_len
-    = context_length) -> ln_final (RMSNorm) -> lm_head (Linear, not tied): row i of the output holds the logits of the
-    token after position i, from tokens 0 … i only. The state dict holds exactly CONTRACT.md's names, no bias.
+    = context_length) -> ln_final (RMSNorm) -> lm_head (Linear): row i of the output holds the logits of the token
+    after position i, from tokens 0 … i only. The state dict holds exactly CONTRACT.md's names, no bias.
     rope_theta: RoPE's base Θ; fused, num_kv_heads, norm_eps: passed on to every block (norm_eps to ln_final too);
-    device, dtype: the weights'. The input is checked here, once: ValueError for a size < 1, a sequence longer than
-    context_length or an id outside [0, vocab_size), TypeError for ids that are not integers. The blocks trust it.
-    """
+    tie_embeddings: lm_head's weight is token_embeddings' Parameter (_tie_embeddings); device, dtype: the weights'.
+    The input is checked here, once: ValueError for a size < 1, a sequence longer than context_length or an id
+    outside [0, vocab_size), TypeError for ids that are not integers. The blocks trust it."""
 
     def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int, num_heads: int,
                  d_ff: int, rope_theta: float, device=None, dtype=None, *, fused: bool = False,
-                 num_kv_heads: int | None = None, norm_eps: float = 1e-5) -> None:
+                 num_kv_heads: int | None = None, norm_eps: float = 1e-5, tie_embeddings: bool = False) -> None:
         super().__init__()
         _check_arguments(vocab_size=vocab_size, context_length=context_length, d_model=d_model, num_layers=num_layers,
                          num_heads=num_heads, d_ff=d_ff)
@@ -87,14 +121,14 @@ class TransformerLM(nn.Module):
         self.lm_head = Linear(d_model, vocab_size, device=device, dtype=dtype)
         for layer in self.layers[1:]:  # every block's RoPE tables are the same numbers: keep one set, the first's
             layer.attn.rope = self.layers[0].attn.rope
+        if tie_embeddings:             # lm_head reads the embedding's matrix, which keeps its initialisation
+            _tie_embeddings(self)
 
     @shape_checked
     def forward(self, token_ids: Integer[Tensor, "*batch seq"], token_positions: Int[Tensor, "*#batch seq"] | None = None,
                 *, cache: list | None = None) -> Float[Tensor, "*batch seq vocab"]:
-        """(..., seq) ids -> (..., seq, vocab_size) logits; token_positions (..., seq), None = 0 … seq-1.
-
-        cache: None, or one cache per block (notebook 12's KVCache.for_model(model)), block i getting cache[i]: the
-        ids are then the tokens that follow the ones the caches hold, and the caches keep the new ones too."""
+        """(..., seq) ids -> (..., seq, vocab_size) logits; token_positions (..., seq), None = 0 … seq-1. cache: None,
+        or one KVCache per block (notebook 12), block i getting cache[i]: the ids follow what they hold, and join it."""
         _check_input(self, token_ids, token_positions, cache)
         x = self.token_embeddings(token_ids)  # checks the ids' range: the forward's one read-back
         caches = [None] * len(self.layers) if cache is None else cache
@@ -108,7 +142,7 @@ class TransformerLM(nn.Module):
 
 
 def count_resources(vocab_size: int, context_length: int, d_model: int, num_layers: int, num_heads: int,
-                    d_ff: int, *, num_kv_heads: int | None = None) -> dict:
+                    d_ff: int, *, num_kv_heads: int | None = None, tie_embeddings: bool = False) -> dict:
     """What a TransformerLM of this configuration costs: its parameters, their float32 memory, and the FLOPs of
     one forward pass over one sequence of t = context_length tokens.
 
@@ -116,7 +150,8 @@ def count_resources(vocab_size: int, context_length: int, d_model: int, num_laye
         "parameters": {"token_embeddings": V·d, "attention": 2·d² + 2·d·d_kv per layer (q and output_proj
             d × d, k and v d_kv × d, where d_kv = num_kv_heads · d / num_heads: d_kv = d, 4·d², without grouping),
             "ffn": 3·d·d_ff per layer (w1, w2, w3), "norms": d per RMSNorm (ln1, ln2 per layer, and ln_final),
-            "lm_head": d·V, "total": their sum};
+            "lm_head": d·V (0 with tie_embeddings: its weight is token_embeddings', counted once, there),
+            "total": their sum};
         "memory_fp32_bytes": 4 bytes per parameter (the weights alone: no gradients, optimiser state or
             activations);
         "flops": {"attention_projections": 2·t·(2·d² + 2·d·d_kv) per layer, "attention_scores": 2 · 2·t²·d per layer
@@ -140,6 +175,8 @@ def count_resources(vocab_size: int, context_length: int, d_model: int, num_laye
                   "norms": (2 * L + 1) * d, "lm_head": d * V}
     flops = {"attention_projections": L * 2 * t * (2 * d * d + 2 * d * d_kv), "attention_scores": L * 2 * 2 * t * t * d,
              "ffn": L * 3 * 2 * t * d * d_ff, "lm_head": 2 * t * d * V}
+    if tie_embeddings:  # one matrix for both: counted once; lm_head's product costs its FLOPs all the same
+        parameters["lm_head"] = 0
     parameters["total"], flops["total"] = sum(parameters.values()), sum(flops.values())
     return {"parameters": parameters, "memory_fp32_bytes": 4 * parameters["total"], "flops": flops}
 

@@ -250,7 +250,8 @@ def _check_structure(impl: Any) -> None:
     embedding, head = getattr(module.token_embeddings, "weight", None), getattr(module.lm_head, "weight", None)
     if isinstance(embedding, Tensor) and isinstance(head, Tensor) and (
             embedding is head or embedding.data_ptr() == head.data_ptr()):
-        fail("lm_head's weight is tied to token_embeddings' (one shared matrix), but this recipe keeps them separate",
+        fail("lm_head's weight is tied to token_embeddings' (one shared matrix), but this recipe keeps them separate"
+             + (" unless tie_embeddings=True" if _takes_tie(impl) else ""),
              "give lm_head its own Linear(d_model, vocab_size): the course's checkpoints hold two different matrices")
     check_parameters(module, _expected_shapes(), _NAME)
 
@@ -349,8 +350,10 @@ def check_transformer_lm(impl: Callable[..., Any]) -> None:
     against a reference built here from ``F.embedding``, ``F.rms_norm``, ``F.linear``,
     ``F.scaled_dot_product_attention(is_causal=True)`` and ``F.silu`` with RoPE (11 ids, 2 layers, d_model 12 in 3
     heads, d_ff 16; ids of shape (2, 6), (8,), (2, 2, 5); float64 and float32), uneven ``token_positions`` if
-    forward takes them, every weight's gradient, and ``fused=True`` if the class takes it. Inputs come from a fixed
-    seed; the caller's random state is kept.
+    forward takes them, every weight's gradient, and ``fused=True`` if the class takes it; if it takes
+    ``tie_embeddings``, that True makes ``lm_head.weight`` the very Parameter ``token_embeddings.weight`` (saved under
+    both names, with the embedding's initialisation), whose logits and gradient (the sum of its two uses) are the
+    reference's. Inputs come from a fixed seed; the caller's random state is kept.
 
     Mistakes it recognises (by name, in the first line of the error):
         * ln_final missing (no such submodule) or not applied;
@@ -370,7 +373,11 @@ def check_transformer_lm(impl: Callable[..., Any]) -> None:
         * token_embeddings or lm_head not initialised as their recipe says, or a weight never filled;
         * device/dtype ignored; no gradient (detached computations);
         * (if the class takes them) num_kv_heads or norm_eps not passed on to every block (and norm_eps to
-          ln_final); the caches never handed to the blocks, or not one per block.
+          ln_final); the caches never handed to the blocks, or not one per block;
+        * (if the class takes it) tie_embeddings=True ignored, or tied with a copy (a clone, .data copied in) or a
+          second nn.Parameter around the embedding's weight instead of the one Parameter; tied the other way (the
+          shared matrix gets lm_head's initialisation, not the embedding's); lm_head (and so its name in the state
+          dict) dropped.
     """
     with torch.random.fork_rng(devices=[]):
         _check_structure(impl)
@@ -382,13 +389,15 @@ def check_transformer_lm(impl: Callable[..., Any]) -> None:
         _check_fused(impl, gen)
         _check_keywords(impl, gen)
         _check_cache_hook(impl, gen)
+        _check_tie(impl, gen)
     passed(f"check_transformer_lm: token_embeddings -> {_L} layers (nn.ModuleList) -> ln_final -> lm_head with the "
            "course's state-dict names; logits match a reference from PyTorch built-ins with known weights (3 "
            "leading shapes, float32/64, uneven token_positions); gradients"
            + ("; fused=True" if "fused" in inspect.signature(impl.__init__).parameters else "")
            + ("; num_kv_heads and norm_eps passed on" if "num_kv_heads" in inspect.signature(impl.__init__).parameters
               else "")
-           + ("; a cache per block" if "cache" in inspect.signature(impl.forward).parameters else ""))
+           + ("; a cache per block" if "cache" in inspect.signature(impl.forward).parameters else "")
+           + ("; tie_embeddings=True: one Parameter" if _takes_tie(impl) else ""))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -460,3 +469,73 @@ def _check_cache_hook(impl: Any, gen: torch.Generator) -> None:
         fail(f"{what}: the logits differ from the model's on the whole sequence",
              "hand block i its own cache, cache[i] (the blocks may not share one), and run the ids as they are: the "
              "attention places them after what its cache holds")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tied embeddings (tie_embeddings=True)
+# ---------------------------------------------------------------------------------------------------------
+
+_TIE_FIX = ("after creating both parts, make lm_head's weight the embedding's own Parameter: "
+            "self.lm_head.weight = self.token_embeddings.weight (one matrix, which the optimiser moves once per step)")
+
+
+def _takes_tie(impl: Any) -> bool:
+    return "tie_embeddings" in inspect.signature(impl.__init__).parameters
+
+
+def _check_tie(impl: Any, gen: torch.Generator) -> None:
+    """If the class takes ``tie_embeddings``: True makes lm_head.weight token_embeddings.weight itself (the same
+    Parameter, in the state dict under both names) with the embedding's initialisation, and the logits and the
+    gradient are the reference's with the one matrix in both places (its gradient the sum of the two uses)."""
+    if not _takes_tie(impl):
+        return
+    shown = f"{_NAME}(..., tie_embeddings=True)"
+    module = _make(impl, *_CONFIG, dtype=torch.float64, tie_embeddings=True)
+    lm_head = getattr(module, "lm_head", None)
+    embedding, head = module.token_embeddings.weight, getattr(lm_head, "weight", None)
+    if not isinstance(head, Tensor):
+        fail(f"{shown} has no lm_head.weight: the state dict must keep both names (a tied checkpoint then loads into "
+             "an untied model too)", "keep lm_head and tie its weight: " + _TIE_FIX.split(": ", 1)[1])
+    if head is not embedding:
+        if head.data_ptr() == embedding.data_ptr():
+            fail(f"{shown} wraps token_embeddings.weight in a second nn.Parameter: one storage, but two parameters, "
+                 "so model.parameters() lists the matrix twice, each gets part of its gradient, and the optimiser "
+                 "moves it twice per step", _TIE_FIX)
+        if torch.equal(head, embedding):
+            fail(f"{shown} copies token_embeddings.weight into lm_head (a clone, or .data copied in): two parameters "
+                 "that start equal and drift apart at the first optimiser step", _TIE_FIX)
+        fail(f"{shown} ignores tie_embeddings: lm_head.weight is a matrix of its own", _TIE_FIX)
+    missing = [name for name in ("token_embeddings.weight", "lm_head.weight") if name not in module.state_dict()]
+    if missing:
+        fail(f"{shown}'s state dict lacks {', '.join(missing)}: a tied model saves its one matrix under both names",
+             "leave state_dict as nn.Module makes it: it lists a shared Parameter under every name it has")
+    torch.manual_seed(0)
+    vocab, d = 256, 64
+    tied = call(f"{_NAME}(vocab_size={vocab}, ..., d_model={d}, tie_embeddings=True)", impl, vocab, 16, d, 1, 4, 64,
+                _THETA, tie_embeddings=True)
+    std = tied.token_embeddings.weight.detach().double().std().item()
+    if not 0.93 <= std <= 1.05:
+        head_sigma = math.sqrt(2 / (d + vocab))
+        if 0.93 <= std / head_sigma <= 1.05:
+            fail(f"{shown}: the shared matrix has lm_head's initialisation (std {std:.3g}, σ² = 2/(d + V)), not the "
+                 "embedding's: tied the other way round (token_embeddings.weight = lm_head.weight)",
+                 "tie lm_head to the embedding, self.lm_head.weight = self.token_embeddings.weight, so that the one "
+                 "matrix keeps Embedding's N(0, 1) cut at ±3, as GPT-2 and SmolLM2 do")
+        fail(f"{shown}: the shared matrix's initial std is {std:.3g}, not the embedding's 0.987",
+             "keep Embedding's initialisation, N(0, 1) cut at ±3, for the one matrix")
+    weights = _known_weights(gen)
+    weights["lm_head.weight"] = weights["token_embeddings.weight"]
+    _load(module, weights, torch.float64)
+    ids = _ids(gen, 2, 6)
+    upstream = torch.randn(2, 6, _V, generator=gen, dtype=torch.float64)
+    what = f"{shown} on token ids of shape (2, 6)"
+    out = _forward(module, ids, None, what, torch.float64)
+    if not close(out, _lm(ids, weights), rtol=1e-6, atol=1e-6):
+        fail(f"{what} differs from the reference with one matrix as embedding and lm_head, though the untied model "
+             "matches it", "tie the Parameter only: the lookup stays token_embeddings', the logits lm_head's")
+    call(f"the backward pass of {what}", lambda: (out * upstream).sum().backward())
+    shared = weights["token_embeddings.weight"].clone().requires_grad_()
+    (_lm(ids, weights | {"token_embeddings.weight": shared, "lm_head.weight": shared}) * upstream).sum().backward()
+    if embedding.grad is None or not close(embedding.grad, shared.grad, rtol=1e-6, atol=1e-6):
+        fail(f"the gradient of {shown}'s one matrix is not the reference's, the sum of its two uses (the lookup and "
+             "the logits)", "compute both uses from the one Parameter, with no .detach() or .data", f"on {what}")
