@@ -7,7 +7,7 @@ panels, and writes one SVG per course component with that component
 highlighted:
 
     images/architecture.svg            nothing highlighted
-    images/architecture_<key>.svg      key in KEYS below
+    images/architecture_<key>.svg      key in KEYS below (the tokenizer: its own box for the ids)
     images/training_loop.svg           one training step (notebook 11)
 
 Run it from the repository root with either of
@@ -52,6 +52,7 @@ TITLES = {
     "multihead_attention": "Where multi-head self-attention sits in the model",
     "transformer_block": "Where the Transformer block sits in the model",
     "transformer_lm": "The whole model: a pre-norm Transformer LM",
+    "tokenizer": "Where the tokenizer sits: text in, token ids out",
 }
 KEYS = [k for k in TITLES if k is not None]
 
@@ -189,6 +190,9 @@ NODES = [
     Node("w2", "box", PANEL_C, Y_W2, 1.9, 0.6, "Linear", "w2: d_ff → d_model", ("linear",) + FFN),
 ]
 BY_NAME = {n.name: n for n in NODES}
+# In the tokenizer's diagram (notebook 13) the token ids come out of a box: the tokenizer, drawn over the ids' label.
+TOKENIZER_BOX = Node("ids", "box", MAIN_X, Y_IDS, MAIN_W, 0.5, "Tokenizer (byte-level BPE)", "text → token ids",
+                     ("tokenizer",))
 
 
 def at(name: str, side: str = "c", dx: float = 0.0, dy: float = 0.0) -> tuple[float, float]:
@@ -413,7 +417,7 @@ def draw(highlight: str | None = None) -> Figure:
     for box, panel in ZOOMS:
         draw_zoom(ax, box, panel, highlight)
     for node in NODES:
-        draw_node(ax, node, highlight)
+        draw_node(ax, TOKENIZER_BOX if highlight == "tokenizer" and node.name == "ids" else node, highlight)
     draw_sdpa_formula(ax, highlight)
     for edge in EDGES:
         draw_edge(ax, edge, highlight)

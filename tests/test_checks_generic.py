@@ -31,6 +31,7 @@ import test_steps_rmsnorm as rmsnorm_steps
 import test_steps_rope as rope_steps
 import test_steps_softmax as softmax_steps
 import test_steps_swiglu as swiglu_steps
+import test_steps_tokenizer as tokenizer_steps
 import test_steps_training as training_steps
 import test_steps_transformer_block as block_steps
 import test_steps_transformer_lm as lm_steps
@@ -41,7 +42,8 @@ from transformer_from_scratch import checks
 from transformer_from_scratch.checks import _harness
 from transformer_from_scratch.checks.steps import (attention, embedding, kv_cache, kv_cache_exercises as kv_exercises,
                                                    linear, multihead_attention, rmsnorm, rope, softmax, swiglu,
-                                                   training, training_exercises as training_answers, transformer_block,
+                                                   tokenizer, tokenizer_exercises as tokenizer_answers, training,
+                                                   training_exercises as training_answers, transformer_block,
                                                    transformer_lm)
 from transformer_from_scratch.kv_cache import KVCache
 from transformer_from_scratch.transformer_lm import generate
@@ -158,9 +160,19 @@ LEARNERS = [
     function(kv_cache.check_lm_step, kv_cache_steps.lm_step),
     function(kv_cache.check_greedy_with_cache, kv_cache_steps.greedy_with_cache, dtype=False),  # ids
     function(kv_exercises.check_gqa_attention, kv_exercise_tests.gqa_attention),
+    # notebook 13: text in, ids out (not tensors)
+    function(checks.check_train_bpe, tfs.train_bpe, tensor=False),
+    component(checks.check_tokenizer, tfs.Tokenizer, "encode", tensor=False),
+    function(tokenizer.check_split_on_special, tokenizer_steps.split_on_special, tensor=False),
+    function(tokenizer.check_count_pretokens, tokenizer_steps.count_pretokens, tensor=False),
+    function(tokenizer.check_merge_word, tokenizer_steps.merge_word, tensor=False),
+    function(tokenizer.check_naive_merges, tokenizer_steps.naive_merges, tensor=False),
+    function(tokenizer.check_encode_pretoken, tokenizer_steps.encode_pretoken, tensor=False),
 ]
 # Checks of an answer (a number the learner computed), not of code: there is no call to plant a mistake in.
-ANSWERS = [kv_exercises.check_kv_cache_gib, kv_exercises.check_t_attention, training_answers.check_unigram_loss]
+ANSWERS = [kv_exercises.check_kv_cache_gib, kv_exercises.check_t_attention, training_answers.check_unigram_loss,
+           tokenizer_answers.check_first_merges, tokenizer_answers.check_digits3_pattern,
+           tokenizer_answers.check_context_bytes]
 TENSORS = [learner for learner in LEARNERS if learner.tensor]
 FLOATS = [learner for learner in TENSORS if learner.dtype]
 CLASSES = [learner for learner in LEARNERS if inspect.isclass(learner.right[learner.slot])

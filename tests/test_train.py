@@ -1,5 +1,6 @@
 """`make train` (transformer_from_scratch.train): outputs, exact resume, Ctrl-C, NaN, bad checkpoints and settings,
-sampling, and two processes under torchrun against one. Tiny models on a slice of the corpus: seconds each."""
+sampling, BPE tokens, and two processes under torchrun against one. Tiny models on a slice of the corpus: seconds
+each."""
 
 import dataclasses
 import json
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 from transformer_from_scratch import train as tr
 from transformer_from_scratch._project import repo_root
 from transformer_from_scratch.reference import ReferenceLM
+from transformer_from_scratch.tokenizer import Tokenizer
 from transformer_from_scratch.training import AdamW, save_checkpoint
 
 REPO = repo_root()
@@ -25,6 +28,7 @@ CORPUS = REPO / "notebooks" / "data" / "shakespeare"
 TINY = ["--d-model", "16", "--num-layers", "1", "--num-heads", "2", "--context-length", "16", "--batch-size", "4",
         "--warmup-steps", "2", "--eval-every", "4", "--eval-batches", "2", "--log-every", "1", "--sample-tokens", "20",
         "--no-progress"]
+BPE = ["--tokenizer", "bpe", "--vocab-size", "300"]  # 44 merges of the tiny corpus
 
 
 @pytest.fixture(autouse=True)
@@ -58,6 +62,11 @@ def weights(out: Path) -> dict[str, torch.Tensor]:
     return torch.load(out / "checkpoint.pt", weights_only=True)["model"]
 
 
+def tokenizer_files(out: Path) -> dict[str, tuple[int, bytes]]:
+    """The BPE tokenizer's files of a run: each one's modification time and contents."""
+    return {name: ((out / name).stat().st_mtime_ns, (out / name).read_bytes()) for name in ("vocab.json", "merges.txt")}
+
+
 def test_the_defaults_are_written_once_in_TrainConfig(monkeypatch):
     """make train without arguments trains TrainConfig() itself, and the package's config files only change settings:
     each key a setting, no value its default."""
@@ -81,8 +90,8 @@ def test_a_run_writes_metrics_a_curve_samples_and_a_checkpoint(corpus, tmp_path)
     summary = tr.main(args(corpus, out, "--max-steps", "10", "--checkpoint-every", "5"))
     logged = rows(out)
     assert [r["step"] for r in logged] == list(range(1, 11))
-    assert set(logged[0]) == {"step", "tokens", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s",
-                              "elapsed_s"}
+    assert set(logged[0]) == {"step", "tokens", "train_loss", "val_loss", "val_loss_per_byte", "lr", "grad_norm",
+                              "tokens_per_s", "elapsed_s"}
     assert [r["step"] for r in logged if r["val_loss"] is not None] == [4, 8, 10]
     assert logged[-1]["tokens"] == 10 * 4 * 16 and summary["val_loss"] == logged[-1]["val_loss"]
     assert logged[0]["train_loss"] > logged[-1]["train_loss"]  # it learns, from about ln 256
@@ -93,7 +102,9 @@ def test_a_run_writes_metrics_a_curve_samples_and_a_checkpoint(corpus, tmp_path)
     assert "ROMEO:\n" in samples and "KING HENRY:\nWhat" in samples
     checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
     assert checkpoint["iteration"] == 10 and checkpoint["extra"]["config"]["d_model"] == 16
+    assert (checkpoint["extra"]["config"]["tokenizer"], checkpoint["extra"]["config"]["vocab_size"]) == ("bytes", 256)
     assert not list(out.glob("*.partial"))  # written to a temporary file, then renamed
+    assert not list(out.glob("*.npy")) and not (out / "vocab.json").exists()  # bytes: tokenize_file's, by the text
 
 
 def test_log_rows_hold_the_mean_loss_since_the_last_row(corpus, tmp_path):
@@ -104,12 +115,14 @@ def test_log_rows_hold_the_mean_loss_since_the_last_row(corpus, tmp_path):
     assert [r["train_loss"] for r in rows(every_third)] == pytest.approx([sum(losses[:3]) / 3, sum(losses[3:]) / 3])
 
 
-@pytest.mark.parametrize("stop", [1, 3, 6])
-def test_a_run_stopped_at_any_step_and_resumed_ends_bit_for_bit_as_one_never_stopped(corpus, tmp_path, stop):
+@pytest.mark.parametrize("stop, tokens", [(1, []), (3, []), (6, []), (3, BPE)], ids=["1", "3", "6", "3-bpe"])
+def test_a_run_stopped_at_any_step_and_resumed_ends_bit_for_bit_as_one_never_stopped(corpus, tmp_path, stop, tokens):
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    tr.main(args(corpus, straight, "--max-steps", "8", "--checkpoint-every", "4"))
-    summary = tr.main(args(corpus, stopped, "--max-steps", "8", "--checkpoint-every", "4", "--stop-at", str(stop)))
-    assert summary == dict(step=stop, stopped=True, val_loss=summary["val_loss"])
+    tr.main(args(corpus, straight, "--max-steps", "8", "--checkpoint-every", "4", *tokens))
+    summary = tr.main(args(corpus, stopped, "--max-steps", "8", "--checkpoint-every", "4", "--stop-at", str(stop),
+                           *tokens))
+    assert summary == dict(step=stop, stopped=True, val_loss=summary["val_loss"],
+                           val_loss_per_byte=summary["val_loss_per_byte"])
     assert [r["step"] for r in rows(stopped)] == list(range(1, stop + 1))
     tr.main(args(corpus, stopped, "--resume"))
     assert [r["train_loss"] for r in rows(stopped)] == [r["train_loss"] for r in rows(straight)]
@@ -250,6 +263,10 @@ def test_an_existing_checkpoint_is_never_overwritten_without_asking(corpus, tmp_
     (["--top-p", "0"], r"--top-p must lie in \(0, 1\], got 0.0"),
     (["--model", "rnn"], r"--model must be one of transformer_lm, gpt2_style, got 'rnn'"),
     (["--stop-at", "0"], r"--stop-at must be >= 1, got 0"),
+    (["--tokenizer", "words"], r"--tokenizer must be one of bytes, bpe, got 'words'"),
+    (["--vocab-size", "300"], r"--vocab-size 300 needs --tokenizer bpe: bytes have a vocabulary of 256"),
+    (["--tokenizer", "bpe", "--vocab-size", "256"], r"--vocab-size must lie in \(256, 2\*\*32\] for --tokenizer bpe"),
+    (["--tokenizer", "bpe", "--vocab-size", "100000"], r"--vocab-size 100000: .*train.txt gives only \d+ merges"),
 ])
 def test_bad_settings_stop_with_one_line_that_names_the_value(corpus, tmp_path, flags, message):
     with pytest.raises(SystemExit, match=message) as error:
@@ -312,6 +329,82 @@ def test_sample_bad_input_names_the_value(corpus, tmp_path, flags, message):
         tr.main(["sample", "--checkpoint", str(out / "checkpoint.pt"), *flags])
 
 
+def test_bpe_trains_its_tokenizer_once_beside_the_checkpoint_and_resume_reuses_it(corpus, tmp_path):
+    out = tmp_path / "run"
+    tr.main(args(corpus, out, "--max-steps", "6", "--stop-at", "2", *BPE))
+    tokenizer = Tokenizer.from_files(out / "vocab.json", out / "merges.txt")
+    assert len(tokenizer) == 300 and len(tokenizer.merges) == 44
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert (checkpoint["extra"]["config"]["tokenizer"], checkpoint["extra"]["config"]["vocab_size"]) == ("bpe", 300)
+    assert checkpoint["model"]["lm_head.weight"].shape == (300, 16)  # the model's vocabulary is the tokenizer's
+    for name, text in zip(("train_tokens.npy", "val_tokens.npy"), corpus):
+        ids = np.load(out / name, mmap_mode="r")
+        assert ids.dtype == np.uint16 and ids.tolist() == tokenizer.encode(text.read_text())
+    files = tokenizer_files(out)
+    for flags, message in [(["--vocab-size", "400"], r"--vocab-size 400 \(the checkpoint's: 300\)"),
+                           (["--tokenizer", "bytes", "--vocab-size", "none"],
+                            r"--tokenizer 'bytes' \(the checkpoint's: 'bpe'\); --vocab-size 256 \(the")]:
+        with pytest.raises(SystemExit, match=r"--resume continues the run .* " + message) as error:
+            tr.main(args(corpus, out, "--resume", *flags))
+        assert "\n" not in str(error.value)
+    assert tr.main(args(corpus, out, "--resume", "--stop-at", "4", *BPE))["step"] == 4  # the same settings: taken
+    assert tokenizer_files(out) == files  # not trained again, not even rewritten
+    (out / "vocab.json").write_text((out / "vocab.json").read_text().replace('"e": 101', '"e": 299'))
+    with pytest.raises(SystemExit, match=r"--resume: .*vocab.json and .*merges.txt are not the tokenizer the "
+                                         r"checkpoint was trained with"):
+        tr.main(args(corpus, out, "--resume"))
+    (out / "merges.txt").unlink()
+    with pytest.raises(SystemExit, match=r"--checkpoint .*: the run's BPE tokenizer is missing: no .*merges.txt"):
+        tr.main(["sample", "--checkpoint", str(out / "checkpoint.pt")])
+
+
+@pytest.mark.parametrize("tokens", [[], BPE], ids=["bytes", "bpe"])
+def test_the_held_out_loss_per_byte_is_the_loss_per_token_times_tokens_per_byte(corpus, tmp_path, tokens):
+    out = tmp_path / "run"
+    summary = tr.main(args(corpus, out, "--max-steps", "8", *tokens))
+    text = corpus[1].read_bytes()
+    if tokens:  # counted again, by the saved tokenizer and the held-out text, not by the token file
+        count = len(Tokenizer.from_files(out / "vocab.json", out / "merges.txt").encode(text.decode()))
+        assert count < 0.8 * len(text)  # BPE tokens are longer than a byte
+    else:
+        count = len(text)
+    evaluated = [r for r in rows(out) if r["val_loss"] is not None]
+    assert [r["step"] for r in evaluated] == [4, 8]
+    assert all(r["val_loss_per_byte"] is None for r in rows(out) if r["val_loss"] is None)
+    for row in evaluated:
+        assert row["val_loss_per_byte"] == pytest.approx(row["val_loss"] * count / len(text), rel=1e-12)
+        assert not tokens or row["val_loss_per_byte"] < row["val_loss"]
+        assert tokens or row["val_loss_per_byte"] == row["val_loss"]  # bytes: the same number
+    assert summary["val_loss_per_byte"] == evaluated[-1]["val_loss_per_byte"]
+
+
+def test_sample_encodes_the_prompt_and_decodes_with_the_runs_bpe_tokenizer(corpus, tmp_path):
+    out = tmp_path / "run"
+    tr.main(args(corpus, out, "--max-steps", "6", *BPE))
+    checkpoint = str(out / "checkpoint.pt")
+    greedy = tr.main(["sample", "--checkpoint", checkpoint, "--prompt", "ROMEO:", "--max-new-tokens", "12",
+                      "--temperature", "0", "--tokenizer", "bpe"])
+    tokenizer = Tokenizer.from_files(out / "vocab.json", out / "merges.txt")
+    model = tr.load_for_sampling(checkpoint, torch.device("cpu"))[0]
+    new = tr.generate(model, torch.tensor(tokenizer.encode("ROMEO:")), 12, temperature=0)
+    assert greedy == "ROMEO:" + tokenizer.decode(new.tolist())
+    assert (out / "samples.txt").read_text().count("--- prompt") == 2
+    with pytest.raises(SystemExit, match=r"--tokenizer bytes: .* was trained on --tokenizer bpe tokens"):
+        tr.main(["sample", "--checkpoint", checkpoint, "--tokenizer", "bytes"])
+
+
+def test_a_checkpoint_from_before_the_tokenizer_setting_resumes_and_samples_as_bytes(corpus, tmp_path):
+    out = tmp_path / "run"
+    tr.main(args(corpus, out, "--max-steps", "4", "--stop-at", "2"))
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
+    for key in ("tokenizer", "vocab_size"):
+        del checkpoint["extra"]["config"][key]
+    del checkpoint["extra"]["tokenizer_sha256"]
+    torch.save(checkpoint, out / "checkpoint.pt")
+    assert tr.main(args(corpus, out, "--resume", "--stop-at", "3", "--tokenizer", "bytes"))["step"] == 3
+    assert tr.main(["sample", "--checkpoint", str(out / "checkpoint.pt"), "--max-new-tokens", "5"]).startswith("ROMEO")
+
+
 def test_the_course_step_equals_the_step_with_pytorchs_parts():
     """training_step with cross_entropy and gradient_clipping, then AdamW, against F.cross_entropy,
     clip_grad_norm_ and torch.optim.AdamW on the built-in ReferenceLM of the same weights: bench's two loops.
@@ -356,10 +449,12 @@ def test_the_course_step_equals_the_step_with_pytorchs_parts():
         torch.testing.assert_close(p, updated[1][name], rtol=0, atol=1e-6, msg=name)
 
 
-def test_two_processes_under_torchrun_see_the_losses_of_one_with_the_same_global_batch(corpus, tmp_path):
+@pytest.mark.parametrize("tokens", [[], BPE], ids=["bytes", "bpe"])
+def test_two_processes_under_torchrun_see_the_losses_of_one_with_the_same_global_batch(corpus, tmp_path, tokens):
+    """With BPE, rank 0 alone trains the tokenizer and encodes the texts; the other waits for them."""
     one, two = tmp_path / "one", tmp_path / "two"
-    flags = args(corpus, two, "--max-steps", "6")
-    tr.main(args(corpus, one, "--max-steps", "6"))
+    flags = args(corpus, two, "--max-steps", "6", *tokens)
+    tr.main(args(corpus, one, "--max-steps", "6", *tokens))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            "-m", "transformer_from_scratch.train", *flags], env=env, capture_output=True, text=True,

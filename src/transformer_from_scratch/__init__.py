@@ -23,8 +23,10 @@ from .transformer_lm import TransformerLM, count_resources, generate, next_token
 from .training import (AdamW, GPT2StyleLM, cross_entropy, get_batch, gradient_clipping, load_checkpoint,
                        lr_cosine_schedule, save_checkpoint, tokenize_file)
 from .kv_cache import KVCache
+from .tokenizer import GPT2_PATTERN, Tokenizer, bytes_to_unicode, train_bpe
 
 __all__ = ["Linear", "Embedding", "softmax", "RMSNorm", "scaled_dot_product_attention", "RotaryPositionalEmbedding", "silu", "SwiGLU", "swiglu_hidden_size", "MultiHeadSelfAttention", "TransformerBlock", "TransformerLM", "count_resources", "next_token_distribution", "generate",
            "cross_entropy", "AdamW", "lr_cosine_schedule", "gradient_clipping", "tokenize_file", "get_batch",
            "save_checkpoint", "load_checkpoint", "GPT2StyleLM", "KVCache",
+           "train_bpe", "Tokenizer", "bytes_to_unicode", "GPT2_PATTERN",
            "set_shape_checks", "shape_checks", "shape_checks_enabled", "trusted"]

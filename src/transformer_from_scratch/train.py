@@ -5,17 +5,22 @@
     torchrun --nproc_per_node=N -m transformer_from_scratch.train [...]     # DistributedDataParallel
 
 The loop is the course's own: `TransformerLM` (shape checks off), `cross_entropy`, `AdamW`, `lr_cosine_schedule`,
-`gradient_clipping`, `get_batch` on a memory-mapped byte file (`tokenize_file`) and `save_checkpoint`; a checkpoint
-is read once and put back as `load_checkpoint` does. The run's settings are a `TrainConfig`, whose defaults, the only
+`gradient_clipping`, `get_batch` on a memory-mapped token file and `save_checkpoint`; a checkpoint is read once and
+put back as `load_checkpoint` does. The tokens are the text's bytes (`tokenize_file`, --tokenizer bytes, the default)
+or notebook 13's byte-level BPE (--tokenizer bpe --vocab-size N): `train_bpe` learns it from the training text once,
+into OUT_DIR/vocab.json and merges.txt, which --resume and `sample` reuse, and both texts are encoded once into
+OUT_DIR/train_tokens.npy and val_tokens.npy. The run's settings are a `TrainConfig`, whose defaults, the only
 ones, are `make train`'s run; --config FILE.json replaces any of them (a file names only what it changes, as the
 package's configs/ do) and a flag (--d-model 64, --no-fused, ...) any one of them.
 
 Written to --out-dir (build/train): checkpoint.pt (every --checkpoint-every steps, at the end and on Ctrl-C or
 SIGTERM: the step in flight finishes, the checkpoint is saved, the run exits), metrics.jsonl (one JSON object per
-logged step: step, tokens, train_loss, val_loss on the held-out text every --eval-every steps, lr, grad_norm,
-tokens_per_s, elapsed_s), and at the end loss_curve.png and samples.txt. --resume goes on from checkpoint.pt with
-the model, the optimizer, the batch generator and the metrics restored: on the CPU, a run stopped at any step and
-resumed has the losses, bit for bit, of one that never stopped.
+logged step: step, tokens, train_loss, val_loss on the held-out text every --eval-every steps (nats per token),
+val_loss_per_byte (the same in nats per byte: val_loss × the held-out text's tokens / its bytes, which compares
+tokenizers; equal to val_loss for bytes), lr, grad_norm, tokens_per_s, elapsed_s), and at the end loss_curve.png
+and samples.txt. --resume goes on from checkpoint.pt with the model, the optimizer, the batch generator and the
+metrics restored (and a BPE run's tokenizer files, checked against the checksum the checkpoint recorded): on the CPU,
+a run stopped at any step and resumed has the losses, bit for bit, of one that never stopped.
 
 Under torchrun every process draws the same global batch of windows from the same generator and trains on its own
 slice of it, so N processes see the batches one process would (their DistributedDataParallel gradients average the
@@ -30,6 +35,7 @@ take_step(), evaluate() and the metrics row, and save(), until the last step or 
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -48,6 +54,7 @@ from torch import Tensor, nn
 
 from transformer_from_scratch.shapes import shape_checks
 from transformer_from_scratch.swiglu import swiglu_hidden_size
+from transformer_from_scratch.tokenizer import Tokenizer, train_bpe
 from transformer_from_scratch.training import (AdamW, GPT2StyleLM, cross_entropy, get_batch, gradient_clipping,
                                                lr_cosine_schedule, save_checkpoint, tokenize_file)
 from transformer_from_scratch.training import _check_fits  # load_checkpoint's check that the weights fit the model
@@ -56,8 +63,12 @@ from transformer_from_scratch.transformer_lm import TransformerLM, generate
 CONFIGS = Path(__file__).parent / "configs"  # example --config files; each names only the settings it changes
 VOCAB_SIZE = 256  # tokenize_file's bytes
 MODELS = ("transformer_lm", "gpt2_style")
+TOKENIZERS = ("bytes", "bpe")
+DEFAULT_VOCAB_SIZE = {"bytes": VOCAB_SIZE, "bpe": 2048}  # what --vocab-size none (the default) means
 FORMAT = "transformer_from_scratch.train/1"  # marks a checkpoint of this script
 CHECKPOINT, METRICS, CURVE, SAMPLES = "checkpoint.pt", "metrics.jsonl", "loss_curve.png", "samples.txt"
+VOCAB, MERGES = "vocab.json", "merges.txt"  # --tokenizer bpe: the tokenizer, beside the checkpoint (Tokenizer.save)
+TOKEN_FILES = {"training": "train_tokens.npy", "held-out": "val_tokens.npy"}  # --tokenizer bpe: the encoded texts
 
 
 @dataclasses.dataclass
@@ -66,9 +77,11 @@ class TrainConfig:
     only defaults: a config file names only the settings it changes (tests/test_train.py checks that none repeats one).
     """
 
-    train_data: str = "notebooks/data/shakespeare/train.txt"  # a UTF-8 text file; its bytes are the tokens
+    train_data: str = "notebooks/data/shakespeare/train.txt"  # a UTF-8 text file
     val_data: str = "notebooks/data/shakespeare/heldout.txt"  # the held-out text of the validation loss
     out_dir: str = "build/train"                    # checkpoint.pt, metrics.jsonl, loss_curve.png, samples.txt
+    tokenizer: str = "bytes"                        # the text's bytes; or "bpe", train_bpe's on train_data
+    vocab_size: int | None = None                   # None: 256 for bytes (the only size), 2048 for bpe
     model: str = "transformer_lm"                   # or "gpt2_style": notebook 11's GPT2StyleLM baseline
     context_length: int = 128                       # the model's longest sequence
     d_model: int = 128
@@ -153,6 +166,12 @@ def check_config(config: TrainConfig) -> None:
     c = config
     problems = [
         (c.model not in MODELS, f"--model must be one of {', '.join(MODELS)}, got {c.model!r}"),
+        (c.tokenizer not in TOKENIZERS, f"--tokenizer must be one of {', '.join(TOKENIZERS)}, got {c.tokenizer!r}"),
+        (c.tokenizer == "bytes" and c.vocab_size not in (None, VOCAB_SIZE),
+         f"--vocab-size {c.vocab_size} needs --tokenizer bpe: bytes have a vocabulary of {VOCAB_SIZE}"),
+        (c.tokenizer == "bpe" and c.vocab_size is not None and not VOCAB_SIZE < c.vocab_size <= 1 << 32,
+         f"--vocab-size must lie in ({VOCAB_SIZE}, 2**32] for --tokenizer bpe (256 bytes + merges), "
+         f"got {c.vocab_size}"),
         (c.d_model % c.num_heads != 0, f"--num-heads {c.num_heads} must divide --d-model {c.d_model}"),
         (c.seq_len is not None and c.seq_len > c.context_length,
          f"--seq-len {c.seq_len} is longer than the model's --context-length {c.context_length}"),
@@ -192,9 +211,14 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
+def model_vocab_size(config: TrainConfig) -> int:
+    """The model's vocabulary: config.vocab_size, or the tokenizer's default where it is None."""
+    return DEFAULT_VOCAB_SIZE.get(config.tokenizer, VOCAB_SIZE) if config.vocab_size is None else config.vocab_size
+
+
 def build_model(config: TrainConfig, device: torch.device | str = "cpu") -> nn.Module:
     """The configured model, initialised from torch's global generator (seed it first)."""
-    sizes = dict(vocab_size=VOCAB_SIZE, context_length=config.context_length, d_model=config.d_model,
+    sizes = dict(vocab_size=model_vocab_size(config), context_length=config.context_length, d_model=config.d_model,
                  num_layers=config.num_layers, num_heads=config.num_heads)
     if config.model == "gpt2_style":
         return GPT2StyleLM(**sizes, d_ff=config.d_ff or 4 * config.d_model, device=device)
@@ -251,7 +275,11 @@ def _read_run_checkpoint(path: Path) -> dict:
 
 def _resumed_config(checkpoint: dict, requested: dict[str, Any], path: Path) -> TrainConfig:
     """The checkpoint's config, with the operational settings asked for now; SystemExit if a training one differs."""
-    saved = checkpoint["extra"]["config"]
+    saved = {"tokenizer": "bytes", "vocab_size": VOCAB_SIZE,  # a checkpoint from before --tokenizer: bytes
+             **checkpoint["extra"]["config"]}
+    if requested.get("vocab_size", 0) is None:  # --vocab-size none: the tokenizer's default, as a new run takes it
+        tokenizer = requested.get("tokenizer", saved["tokenizer"])
+        requested = dict(requested, vocab_size=DEFAULT_VOCAB_SIZE.get(tokenizer, VOCAB_SIZE))
     unknown = sorted(set(saved) - set(FIELDS))
     if unknown:
         raise SystemExit(f"{path}: its config has settings this version does not know: {unknown}")
@@ -293,6 +321,11 @@ class _Processes:
     @property
     def distributed(self) -> bool:
         return self.world > 1
+
+    def barrier(self) -> None:
+        """Wait here until every process has come here (nothing without torchrun)."""
+        if self.distributed:
+            dist.barrier()
 
     def sum(self, values: Tensor) -> Tensor:
         """The sum over the processes (all_reduce, in place), every process getting it; `values` alone without."""
@@ -343,19 +376,149 @@ def _stop_requests() -> Iterator[dict]:
             signal.signal(sig, old)
 
 
+class ByteTokenizer:
+    """tokenize_file's tokens, a text's UTF-8 bytes (ids 0-255), with the methods of Tokenizer that a run uses."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+    def __len__(self) -> int:
+        return VOCAB_SIZE
+
+
+@dataclasses.dataclass
+class Data:
+    """A run's tokenizer and its two token files, memory-mapped."""
+
+    tokenizer: ByteTokenizer | Tokenizer
+    train_tokens: np.ndarray
+    val_tokens: np.ndarray
+    val_bytes: int                    # the held-out text's size in bytes
+    digest: str | None = None         # bpe: the sha256 of vocab.json and merges.txt, kept in the checkpoint
+
+    @property
+    def tokens_per_byte(self) -> float:
+        """The held-out text's tokens per byte (1.0 for bytes): a loss per token times this is a loss per byte.
+        The evaluation's windows are drawn uniformly from the held-out text, so they have its ratio on average."""
+        return len(self.val_tokens) / self.val_bytes
+
+
+def _text_file(path: str, what: str) -> Path:
+    """The path of a corpus file, or SystemExit naming its flag."""
+    if not Path(path).is_file():
+        flag = "--train-data" if what == "training" else "--val-data"
+        raise SystemExit(f"{flag}: no {what} text at {path} (run from the repository root, or give the path)")
+    return Path(path)
+
+
+def _enough(tokens: np.ndarray, path: str, what: str, unit: str, seq_len: int) -> np.ndarray:
+    """`tokens`, or SystemExit if the file holds less than one training window and its target."""
+    if len(tokens) < seq_len + 1:
+        flag = "--train-data" if what == "training" else "--val-data"
+        raise SystemExit(f"{flag}: {path} has {len(tokens)} {unit}, fewer than one window of --seq-len {seq_len} "
+                         f"and its target ({seq_len + 1})")
+    return tokens
+
+
 def _tokens(path: str, what: str, seq_len: int) -> np.ndarray:
     """The memory-mapped bytes of a corpus file, or SystemExit naming it."""
-    flag = "--train-data" if what == "training" else "--val-data"
-    if not Path(path).is_file():
-        raise SystemExit(f"{flag}: no {what} text at {path} (run from the repository root, or give the path)")
+    _text_file(path, what)
     try:
         tokens = tokenize_file(path)
     except (OSError, ValueError) as error:
-        raise SystemExit(f"{flag}: {error}") from None
-    if len(tokens) < seq_len + 1:
-        raise SystemExit(f"{flag}: {path} has {len(tokens)} bytes, fewer than one window of --seq-len {seq_len} "
-                         f"and its target ({seq_len + 1})")
-    return tokens
+        raise SystemExit(f"{'--train-data' if what == 'training' else '--val-data'}: {error}") from None
+    return _enough(tokens, path, what, "bytes", seq_len)
+
+
+def _digest(*paths: Path) -> str:
+    """The sha256 of the files' contents, one after the other."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _partial(path: Path) -> Path:
+    """A temporary name beside `path`, of this process: written, then renamed to `path` (os.replace)."""
+    return path.with_name(f"{path.name}.{os.getpid()}.partial")
+
+
+def _train_tokenizer(config: TrainConfig, folder: Path) -> None:
+    """train_bpe on the training text, written to folder/vocab.json and merges.txt (each renamed into place)."""
+    vocab, merges = train_bpe(config.train_data, model_vocab_size(config))
+    if len(vocab) != model_vocab_size(config):
+        raise SystemExit(f"--vocab-size {config.vocab_size}: {config.train_data} gives only {len(merges)} merges, "
+                         f"a vocabulary of {len(vocab)}; ask for that many or fewer")
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / VOCAB, folder / MERGES]
+    Tokenizer(vocab, merges).save(*map(_partial, paths))
+    for path in paths:
+        os.replace(_partial(path), path)
+
+
+def load_tokenizer(config: TrainConfig, folder: Path, digest: str | None, flag: str) -> ByteTokenizer | Tokenizer:
+    """The run's tokenizer: bytes, or the BPE of folder/vocab.json and merges.txt, which must be the files of
+    `digest` (the checkpoint's) where it is given and hold config's vocabulary; SystemExit naming what does not fit."""
+    if config.tokenizer == "bytes":
+        return ByteTokenizer()
+    paths = [folder / VOCAB, folder / MERGES]
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        raise SystemExit(f"{flag}: the run's BPE tokenizer is missing: no {' and no '.join(missing)} (written "
+                         f"beside the checkpoint when the run started)")
+    if digest is not None and _digest(*paths) != digest:
+        raise SystemExit(f"{flag}: {paths[0]} and {paths[1]} are not the tokenizer the checkpoint was trained "
+                         f"with (their sha256 differs from the one it recorded)")
+    tokenizer = Tokenizer.from_files(*paths)
+    if len(tokenizer) != model_vocab_size(config):
+        raise SystemExit(f"{flag}: {paths[0]} holds {len(tokenizer)} tokens, the run's --vocab-size is "
+                         f"{model_vocab_size(config)}")
+    return tokenizer
+
+
+def _encode_file(tokenizer: Tokenizer, text_path: Path, token_path: Path) -> None:
+    """The ids of a text file, written once as a .npy (uint16 for a vocabulary of up to 65,536, else uint32) to a
+    temporary file then renamed, as tokenize_file does; written again only when it is older than the text or the
+    tokenizer's files."""
+    newest = max(path.stat().st_mtime_ns for path in (text_path, token_path.parent / VOCAB, token_path.parent / MERGES))
+    if token_path.is_file() and token_path.stat().st_mtime_ns >= newest:
+        return
+    dtype = np.uint16 if len(tokenizer) <= 1 << 16 else np.uint32
+    ids = np.array(tokenizer.encode(text_path.read_text(encoding="utf-8")), dtype=dtype)
+    with open(_partial(token_path), "wb") as file:
+        np.save(file, ids)
+    os.replace(_partial(token_path), token_path)
+
+
+def load_data(config: TrainConfig, procs: _Processes, digest: str | None) -> Data:
+    """The tokenizer and the memory-mapped tokens of the training and held-out texts, or SystemExit naming what is
+    missing. bytes: tokenize_file's, in every process. bpe: rank 0 trains the tokenizer, unless `digest` (a resumed
+    run's) names the one in out_dir, and encodes the texts once into out_dir; the other processes wait for it."""
+    seq_len = config.seq_len or config.context_length
+    texts = {what: _text_file(path, what) for what, path in (("training", config.train_data),
+                                                              ("held-out", config.val_data))}
+    val_bytes = texts["held-out"].stat().st_size
+    if config.tokenizer == "bytes":
+        return Data(ByteTokenizer(), _tokens(config.train_data, "training", seq_len),
+                    _tokens(config.val_data, "held-out", seq_len), val_bytes)
+    out_dir = Path(config.out_dir)
+    flag = "--resume" if digest is not None else "--tokenizer bpe"
+    if procs.rank == 0:
+        if digest is None:
+            _train_tokenizer(config, out_dir)
+        tokenizer = load_tokenizer(config, out_dir, digest, flag)
+        for what, path in texts.items():
+            _encode_file(tokenizer, path, out_dir / TOKEN_FILES[what])
+    procs.barrier()  # the others read what rank 0 wrote
+    if procs.rank != 0:
+        tokenizer = load_tokenizer(config, out_dir, digest, flag)
+    tokens = {what: _enough(np.load(out_dir / TOKEN_FILES[what], mmap_mode="r"), str(path), what, "tokens", seq_len)
+              for what, path in texts.items()}
+    return Data(tokenizer, tokens["training"], tokens["held-out"], val_bytes, _digest(out_dir / VOCAB,
+                                                                                       out_dir / MERGES))
 
 
 def train(config: TrainConfig, *, resume: bool = False, requested: dict[str, Any] | None = None,
@@ -376,17 +539,19 @@ def train(config: TrainConfig, *, resume: bool = False, requested: dict[str, Any
         raise SystemExit(f"{checkpoint_path} exists: --resume to go on with it, --overwrite to start again, or "
                          f"another --out-dir")
     check_config(config)
+    config = dataclasses.replace(config, vocab_size=model_vocab_size(config))  # the checkpoint records the size
     if stop_at is not None and stop_at < 1:
         raise SystemExit(f"--stop-at must be >= 1, got {stop_at}")
     procs = _Processes.from_environment()
     if config.batch_size % procs.world:
         raise SystemExit(f"--batch-size {config.batch_size} must be divisible by the {procs.world} processes")
     device = resolve_device(config.device, procs.local_rank)
-    seq_len = config.seq_len or config.context_length
-    train_tokens = _tokens(config.train_data, "training", seq_len)
-    val_tokens = _tokens(config.val_data, "held-out", seq_len)
+    digest = checkpoint["extra"].get("tokenizer_sha256") if checkpoint is not None else None
+    if checkpoint is not None and config.tokenizer == "bpe" and digest is None:
+        raise SystemExit(f"--resume: {checkpoint_path} records no tokenizer, its run cannot be a --tokenizer bpe one")
     with _process_group(procs, device), shape_checks(False):
-        run = set_up(config, checkpoint, procs, device, train_tokens, val_tokens)
+        data = load_data(config, procs, digest)
+        run = set_up(config, checkpoint, procs, device, data)
         return train_loop(run, stop_at, progress)
 
 
@@ -401,8 +566,7 @@ class Run:
     trained: nn.Module                # what a step calls: the model, or DistributedDataParallel around it
     optimizer: torch.optim.Optimizer
     batches: torch.Generator          # draws the training windows; saved, so that a resumed run draws the same ones
-    train_tokens: np.ndarray
-    val_tokens: np.ndarray
+    data: Data                        # the tokenizer and the tokens
     amp: bool                         # the forward pass in bfloat16 autocast (CUDA only)
     step: int = 0                     # the steps done
     elapsed_s: float = 0.0            # seconds of training so far, those before a resume included
@@ -430,8 +594,7 @@ class Run:
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else contextlib.nullcontext()
 
 
-def set_up(config: TrainConfig, checkpoint: dict | None, procs: _Processes, device: torch.device,
-           train_tokens: np.ndarray, val_tokens: np.ndarray) -> Run:
+def set_up(config: TrainConfig, checkpoint: dict | None, procs: _Processes, device: torch.device, data: Data) -> Run:
     """The model, the optimizer and the batch generator, seeded from config.seed, or, given the checkpoint of a run
     (already read), restored to go on exactly where it stopped; metrics.jsonl cut back to the same step."""
     torch.manual_seed(config.seed)
@@ -439,8 +602,7 @@ def set_up(config: TrainConfig, checkpoint: dict | None, procs: _Processes, devi
     optimizer = AdamW(model.parameters(), lr=config.max_lr, betas=tuple(config.betas), eps=config.eps,
                       weight_decay=config.weight_decay)
     amp = config.amp and device.type == "cuda" and torch.cuda.is_bf16_supported()
-    run = Run(config, procs, device, model, model, optimizer, torch.Generator().manual_seed(config.seed),
-              train_tokens, val_tokens, amp)
+    run = Run(config, procs, device, model, model, optimizer, torch.Generator().manual_seed(config.seed), data, amp)
     if checkpoint is not None:
         _restore(run, checkpoint)
     if procs.distributed:
@@ -496,7 +658,7 @@ def take_step(run: Run, requests: dict[str, bool]) -> StepResult:
     config = run.config
     # The schedule at the step's number, 1 … max_steps: no update at lr 0, the last one at min_lr.
     lr = lr_cosine_schedule(run.step + 1, config.max_lr, config.min_lr, config.warmup_steps, config.max_steps)
-    x, y = draw_batch(run, run.train_tokens, run.batches)
+    x, y = draw_batch(run, run.data.train_tokens, run.batches)
     loss, norm = training_step(run.trained, run.optimizer, x, y, lr, config.grad_clip, autocast=run.autocast)
     # One all-reduce and one read-back per step: the mean loss and norm, and whether any process was asked to stop.
     votes = torch.stack([loss.float(), norm.float().to(loss.device),
@@ -526,7 +688,7 @@ def evaluate(run: Run) -> float:
     windows = torch.Generator().manual_seed(run.config.seed + 1)
     total = torch.zeros((), device=run.device)
     for _ in range(run.config.eval_batches):
-        x, y = draw_batch(run, run.val_tokens, windows)
+        x, y = draw_batch(run, run.data.val_tokens, windows)
         with run.autocast():
             logits = run.model(x)
         total += cross_entropy(logits, y)
@@ -538,15 +700,22 @@ def save(run: Run) -> None:
     an exact resume (the generators, the clock, the losses not yet logged) with the config and this script's mark."""
     if run.lead:
         extra = dict(format=FORMAT, config=dataclasses.asdict(run.config), batches=run.batches.get_state(),
-                     torch_rng=torch.get_rng_state(), elapsed_s=run.elapsed_s, pending_losses=list(run.pending))
+                     torch_rng=torch.get_rng_state(), elapsed_s=run.elapsed_s, pending_losses=list(run.pending),
+                     tokenizer_sha256=run.data.digest)
         save_checkpoint(run.model, run.optimizer, run.step, run.out_dir / CHECKPOINT, extra=extra)
     run.last_saved = run.step
+
+
+def per_byte(run: Run, loss: float | None) -> float | None:
+    """A loss per token as a loss per byte of the held-out text (the same number for bytes)."""
+    return None if loss is None else loss * run.data.tokens_per_byte
 
 
 def write_metrics_row(run: Run, step: StepResult, val_loss: float | None, tokens_per_s: float) -> None:
     """Rank 0 appends a row to metrics.jsonl; its train_loss is the mean of the losses since the last row."""
     row = dict(step=run.step, tokens=run.step * run.tokens_per_step, train_loss=sum(run.pending) / len(run.pending),
-               val_loss=val_loss, lr=step.lr, grad_norm=step.grad_norm, tokens_per_s=round(tokens_per_s, 1),
+               val_loss=val_loss, val_loss_per_byte=per_byte(run, val_loss), lr=step.lr, grad_norm=step.grad_norm,
+               tokens_per_s=round(tokens_per_s, 1),
                elapsed_s=round(run.elapsed_s, 2))
     if run.lead:
         with (run.out_dir / METRICS).open("a", encoding="utf-8") as file:
@@ -564,7 +733,7 @@ def train_loop(run: Run, stop_at: int | None, progress: bool) -> dict[str, Any]:
     if run.step >= config.max_steps:
         if run.lead:
             print(f"the run in {run.out_dir} already finished at step {run.step}: sample from it with `make sample`")
-        return dict(step=run.step, stopped=False, val_loss=None)
+        return dict(step=run.step, stopped=False, val_loss=None, val_loss_per_byte=None)
     if run.lead:
         _announce(run)
     bar = _ProgressBar(run, show=run.lead and progress)
@@ -598,7 +767,15 @@ def _announce(run: Run) -> None:
     parameters = sum(p.numel() for p in run.model.parameters())
     print(f"{type(run.model).__name__}: {parameters:,} parameters | {run.procs.world} process(es) on {run.device} "
           f"{'(bfloat16 autocast)' if run.amp else '(float32)'} | {run.tokens_per_step:,} tokens per step | steps "
-          f"{run.step} -> {run.config.max_steps} | writing to {run.out_dir}", file=sys.stderr, flush=True)
+          f"{run.step} -> {run.config.max_steps} | {_tokens_in_words(run)} | writing to {run.out_dir}",
+          file=sys.stderr, flush=True)
+
+
+def _tokens_in_words(run: Run) -> str:
+    if run.config.tokenizer == "bytes":
+        return "tokens: bytes"
+    return (f"tokens: BPE of {len(run.data.tokenizer):,} ({1 / run.data.tokens_per_byte:.2f} bytes per token in "
+            f"the held-out text)")
 
 
 class _ProgressBar:
@@ -633,14 +810,18 @@ def _finish(run: Run, val_loss: float | None) -> dict[str, Any]:
         if run.lead:
             print(f"stopped after step {run.step} of {run.config.max_steps}: checkpoint saved to {checkpoint_path}; "
                   f"go on with `make train TRAIN_ARGS=--resume` (or the same command with --resume)", file=sys.stderr)
-        return dict(step=run.step, stopped=True, val_loss=val_loss)
+        return dict(step=run.step, stopped=True, val_loss=val_loss, val_loss_per_byte=per_byte(run, val_loss))
     if run.lead:
-        write_loss_curve(run.out_dir / METRICS, run.out_dir / CURVE)
-        samples = write_samples(run.model, run.config, run.device, run.out_dir / SAMPLES)
-        print(f"held-out loss {val_loss:.3f} nats per byte after {run.step} steps "
+        write_loss_curve(run.out_dir / METRICS, run.out_dir / CURVE, len(run.data.tokenizer), run.config.tokenizer)
+        samples = write_samples(run.model, run.data.tokenizer, run.config, run.device, run.out_dir / SAMPLES)
+        loss = (f"{val_loss:.3f} nats per byte" if run.config.tokenizer == "bytes" else
+                f"{val_loss:.3f} nats per token, {per_byte(run, val_loss):.3f} nats per byte "
+                f"({1 / run.data.tokens_per_byte:.2f} bytes per token)")
+        print(f"held-out loss {loss} after {run.step} steps "
               f"({run.step * run.tokens_per_step:,} tokens) in {run.elapsed_s / 60:.1f} min | {checkpoint_path}, "
               f"{METRICS}, {CURVE}, {SAMPLES}\n\n{samples}")
-    return dict(step=run.step, stopped=False, val_loss=val_loss, elapsed_s=run.elapsed_s)
+    return dict(step=run.step, stopped=False, val_loss=val_loss, val_loss_per_byte=per_byte(run, val_loss),
+                elapsed_s=run.elapsed_s)
 
 
 def _read_lines(path: Path) -> list[str]:
@@ -651,8 +832,9 @@ def _read_lines(path: Path) -> list[str]:
 
 # ---------------------------------------------------------------- what a run leaves behind
 
-def write_loss_curve(metrics_path: Path, out: Path) -> None:
-    """The training and held-out losses of metrics.jsonl against the tokens seen, as a PNG."""
+def write_loss_curve(metrics_path: Path, out: Path, vocab_size: int = VOCAB_SIZE, tokenizer: str = "bytes") -> None:
+    """The training and held-out losses of metrics.jsonl against the tokens seen, as a PNG (BPE: per token, and the
+    held-out loss per byte too)."""
     from matplotlib.figure import Figure
 
     rows = [json.loads(line) for line in _read_lines(metrics_path)]
@@ -661,57 +843,60 @@ def write_loss_curve(metrics_path: Path, out: Path) -> None:
     ax = fig.subplots()
     ax.plot([r["tokens"] for r in rows], [r["train_loss"] for r in rows], alpha=0.6, label="training loss")
     ax.plot([r["tokens"] for r in val], [r["val_loss"] for r in val], "o-", label="held-out loss")
-    ax.axhline(math.log(VOCAB_SIZE), color="gray", linestyle="--", label="uniform model, ln 256")
-    ax.set_xlabel("tokens seen (bytes)")
-    ax.set_ylabel("cross-entropy (nats per byte)")
+    ax.axhline(math.log(vocab_size), color="gray", linestyle="--", label=f"uniform model, ln {vocab_size}")
+    unit = "byte" if tokenizer == "bytes" else "token"
+    if tokenizer != "bytes":
+        ax.plot([r["tokens"] for r in val], [r["val_loss_per_byte"] for r in val], "s-",
+                label="held-out loss per byte")
+    ax.set_xlabel("tokens seen (bytes)" if tokenizer == "bytes" else "tokens seen (BPE tokens)")
+    ax.set_ylabel(f"cross-entropy (nats per {unit})")
     ax.legend()
     if val:
-        ax.set_title(f"Held-out loss {val[-1]['val_loss']:.2f} nats per byte after {val[-1]['tokens']:,} tokens")
+        ax.set_title(f"Held-out loss {val[-1]['val_loss']:.2f} nats per {unit} after {val[-1]['tokens']:,} tokens"
+                     + ("" if tokenizer == "bytes" else f" ({val[-1]['val_loss_per_byte']:.2f} per byte)"))
     fig.savefig(out, dpi=110)
 
 
-def encode(text: str) -> Tensor:
-    """A text's UTF-8 bytes as token ids (tokenize_file's tokens)."""
-    return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
-
-
-def decode(ids: Tensor) -> str:
-    return bytes(ids.tolist()).decode("utf-8", errors="replace")
-
-
-def sample_text(model: nn.Module, prompt: str, max_new_tokens: int, *, temperature: float, top_k: int | None,
-                top_p: float | None, seed: int) -> str:
-    """The prompt and the model's continuation of it, drawn with a generator seeded on the model's device."""
+def sample_text(model: nn.Module, tokenizer: ByteTokenizer | Tokenizer, prompt: str, max_new_tokens: int, *,
+                temperature: float, top_k: int | None, top_p: float | None, seed: int) -> str:
+    """The prompt and the model's continuation of it (the prompt encoded and the new ids decoded with the run's
+    tokenizer), drawn with a generator seeded on the model's device."""
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
+    ids = torch.tensor(tokenizer.encode(prompt), dtype=torch.long, device=device)
     with shape_checks(False):
-        new = generate(model, encode(prompt).to(device), max_new_tokens, temperature=temperature, top_k=top_k,
-                       top_p=top_p, generator=generator)
-    return prompt + decode(new)
+        new = generate(model, ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                       generator=generator)
+    return prompt + tokenizer.decode(new.tolist())
 
 
-def write_samples(model: nn.Module, config: TrainConfig, device: torch.device, out: Path) -> str:
+def write_samples(model: nn.Module, tokenizer: ByteTokenizer | Tokenizer, config: TrainConfig, device: torch.device,
+                  out: Path) -> str:
     """One sample per configured prompt, the i-th drawn with seed config.seed + i, written to `out`; returns it."""
     settings = f"temperature {config.temperature}, top_k {config.top_k}, top_p {config.top_p}"
     texts = [f"--- prompt {prompt!r} ({settings}, seed {config.seed + i})\n"
-             + sample_text(model, prompt, config.sample_tokens, temperature=config.temperature, top_k=config.top_k,
-                           top_p=config.top_p, seed=config.seed + i)
+             + sample_text(model, tokenizer, prompt, config.sample_tokens, temperature=config.temperature,
+                           top_k=config.top_k, top_p=config.top_p, seed=config.seed + i)
              for i, prompt in enumerate(config.sample_prompts)]
     text = "\n\n".join(texts) + "\n"
     out.write_text(text, encoding="utf-8")
     return text
 
 
-def load_for_sampling(path: str | os.PathLike, device: torch.device) -> tuple[nn.Module, TrainConfig]:
-    """The model of a make-train checkpoint, its weights loaded, on `device`; SystemExit naming what does not fit."""
+def load_for_sampling(path: str | os.PathLike, device: torch.device
+                      ) -> tuple[nn.Module, TrainConfig, ByteTokenizer | Tokenizer]:
+    """The model of a make-train checkpoint, its weights loaded, on `device`, and its tokenizer (bpe: the files
+    beside it); SystemExit naming what does not fit."""
     path = Path(path)
     if not path.is_file():
         raise SystemExit(f"--checkpoint: no checkpoint at {path}")
     checkpoint = _read_run_checkpoint(path)  # read once: its config builds the model, its weights fill it
     config = TrainConfig(**{k: v for k, v in checkpoint["extra"]["config"].items() if k in FIELDS})
+    tokenizer = load_tokenizer(config, path.parent, checkpoint["extra"].get("tokenizer_sha256"),
+                               f"--checkpoint {path}")
     model = build_model(config, device)
     _load_state(checkpoint, model, None, f"--checkpoint {path}")
-    return model.eval(), config
+    return model.eval(), config, tokenizer
 
 
 # ---------------------------------------------------------------- the command line
@@ -753,7 +938,10 @@ def _sample_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m transformer_from_scratch.train sample",
                                      description="Continue a prompt with the model of a make-train checkpoint.")
     parser.add_argument("--checkpoint", type=Path, default=Path("build/train") / CHECKPOINT)
-    parser.add_argument("--prompt", default="ROMEO:\n", help="the text to continue (its UTF-8 bytes are the tokens)")
+    parser.add_argument("--prompt", default="ROMEO:\n", help="the text to continue (encoded with the run's tokenizer)")
+    parser.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
+                        help="the checkpoint's (the default): bytes, or bpe with the vocab.json and merges.txt "
+                             "beside it; another is refused")
     parser.add_argument("--max-new-tokens", type=int, default=500)
     parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
     parser.add_argument("--top-k", type=_optional(int), default=None)
@@ -770,10 +958,13 @@ def sample_main(argv: list[str]) -> str:
         raise SystemExit("--prompt must hold at least one character")
     if args.max_new_tokens < 0:
         raise SystemExit(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
-    model, _ = load_for_sampling(args.checkpoint, resolve_device(args.device))
+    model, config, tokenizer = load_for_sampling(args.checkpoint, resolve_device(args.device))
+    if args.tokenizer not in (None, config.tokenizer):
+        raise SystemExit(f"--tokenizer {args.tokenizer}: {args.checkpoint} was trained on --tokenizer "
+                         f"{config.tokenizer} tokens, which sample uses")
     try:
-        text = sample_text(model, args.prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                           top_p=args.top_p, seed=args.seed)
+        text = sample_text(model, tokenizer, args.prompt, args.max_new_tokens, temperature=args.temperature,
+                           top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     except ValueError as error:  # a sampling setting out of range
         raise SystemExit(str(error)) from None
     print(text)

@@ -1,6 +1,7 @@
 """`make bench`: the from-scratch TransformerLM against the same model built from PyTorch's built-ins.
 
     python -m transformer_from_scratch.benchmark [--out build/benchmark.md] [--no-compile] [--no-notebooks]
+                                                 [--only model|tokenizer]
 
 Prints a Markdown table and writes it to --out. Every measurement runs in a fresh Python process (a clean
 allocator, a clean peak-memory reading, no compiled code left over from another row):
@@ -22,6 +23,13 @@ allocator, a clean peak-memory reading, no compiled code left over from another 
 * per call: microseconds of Linear, softmax and attention on a tiny input, checks on and off, against PyTorch's.
 * notebooks: each notebook's time under nbval, against the floor: the same command on a notebook whose only
   cell imports torch.
+* tokenizer (`--only tokenizer` for this part alone): notebook 13's byte-level BPE (`tokenizer.py`) against
+  Hugging Face's `tokenizers` (Rust): `train_bpe` to 500 tokens on the first 130 KB of the training plays in one
+  process (the handout's bound: under 1.5 s); to 10,000 tokens on the whole 4.5 MB of them, ours in one process and
+  in one per core against `BpeTrainer` with GPT-2's byte-level pre-tokenizer, and how many of the first merges agree;
+  encoding the held-out plays with that 10,000-token vocabulary, ours (a fresh Tokenizer, then again with its cache
+  warm) against `tokenizers` loaded from our vocab.json and merges.txt (one `encode` of the whole text, then
+  `encode_batch` of its lines against our `encode` of each line), in MB/s, and whether the ids are identical.
 
 A shared machine's speed drifts by tens of percent from minute to minute, so each row runs --rounds times
 (default 3), the rows interleaved, and keeps its fastest round; each notebook and the floor measured just before
@@ -30,7 +38,8 @@ it keep the faster of two runs.
 Targets, on the CPU: checks off >= 0.9× the reference for training, fused >= 1.0×, make train's loop >= 0.9×
 PyTorch's, decode with checks off >= 0.9×, decode with the KV cache >= 1.0× the reference's cached decode and >= 5×
 ours without the cache, the small forward with checks off >= 1.0× the reference, and the notebooks under nbval
-<= 2× their floors. The table says which are met.
+<= 2× their floors; the tokenizer's 500-token training under 1.5 s, and its encoding within 5× of `tokenizers`
+(≥ 0.2× its MB/s) on one encode call. The table says which are met.
 """
 
 from __future__ import annotations
@@ -67,6 +76,9 @@ KV_DECODE_ROWS = ["reference, its KV cache", "ours, KV cache, checks on", "ours,
 KV_DECODE = dict(prompt=32, new_tokens=128)
 SMALL_ROWS = ["reference", "ours, checks off", "ours fused, checks off"]
 SMALL = dict(batch=1, seq=16)
+CORPUS = REPO / "notebooks" / "data" / "shakespeare"
+BPE_SMALL = dict(vocab_size=500, text_bytes=130_000)  # the handout's check: under 1.5 s, one process
+BPE_LARGE = dict(vocab_size=10_000, special_tokens=["<|endoftext|>"])  # on the whole of train.txt
 
 
 # ---------------------------------------------------------------- one measurement, in its own process
@@ -313,6 +325,175 @@ def measure_matmul(device: str) -> dict:
     return dict(flops_per_s=2 * n**3 / best)
 
 
+def _small_corpus(folder: Path) -> Path:
+    """The first BPE_SMALL["text_bytes"] of the training plays, cut after the last line break before it."""
+    head = (CORPUS / "train.txt").read_bytes()[:BPE_SMALL["text_bytes"]]
+    path = folder / "train_130k.txt"
+    path.write_bytes(head[:head.rindex(b"\n") + 1])
+    return path
+
+
+def _merge_lines(merges_path: Path) -> list[str]:
+    """The merges of a GPT-2 merges.txt, one "left right" string each (the version line left out)."""
+    return [line for line in merges_path.read_text("utf-8").splitlines() if line and not line.startswith("#version")]
+
+
+def measure_bpe_train(row: str, folder: str) -> dict:
+    """Seconds of training the BPE of `row`: "ours, 500, 1 process" on the small corpus, "ours, 10k, 1 process" and
+    "ours, 10k, 1 per core" on train.txt, or "tokenizers, 10k" (BpeTrainer, GPT-2's byte-level pre-tokenizer).
+    Writes vocab.json and merges.txt to `folder` and returns the merges, in merges.txt's spelling."""
+    from transformer_from_scratch.tokenizer import Tokenizer, train_bpe
+
+    folder_path = Path(folder)
+    if row.startswith("ours"):
+        small = "500" in row
+        path = _small_corpus(folder_path) if small else CORPUS / "train.txt"
+        sizes = dict(vocab_size=BPE_SMALL["vocab_size"]) if small else BPE_LARGE
+        start = time.perf_counter()
+        vocab, merges = train_bpe(path, processes=1 if "1 process" in row else None, **sizes)
+        seconds = time.perf_counter() - start
+        Tokenizer(vocab, merges).save(folder_path / "vocab.json", folder_path / "merges.txt")
+    else:
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import models, pre_tokenizers, trainers
+
+        hf = HFTokenizer(models.BPE())
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        trainer = trainers.BpeTrainer(vocab_size=BPE_LARGE["vocab_size"], show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      special_tokens=BPE_LARGE["special_tokens"])
+        start = time.perf_counter()
+        hf.train([str(CORPUS / "train.txt")], trainer)
+        seconds = time.perf_counter() - start
+        hf.model.save(folder)
+    return dict(seconds=seconds, merges=_merge_lines(folder_path / "merges.txt"))
+
+
+def measure_bpe_encode(row: str, folder: str) -> dict:
+    """MB/s of encoding the held-out plays with the vocabulary of folder/vocab.json and merges.txt: `row` "ours"
+    (a fresh Tokenizer: cold, then warm; each line) or "tokenizers" (one encode; encode_batch of the lines). Returns
+    the ids too (one list for the whole text, one per line), for the check that both agree."""
+    text = (CORPUS / "heldout.txt").read_text("utf-8")
+    lines = text.splitlines(keepends=True)
+    megabytes = len(text.encode("utf-8")) / 1e6
+    vocab, merges = str(Path(folder) / "vocab.json"), str(Path(folder) / "merges.txt")
+    best = lambda times: megabytes / min(times)  # noqa: E731
+    if row == "ours":
+        from transformer_from_scratch.tokenizer import Tokenizer
+
+        cold, warm, per_line = [], [], []
+        for _ in range(3):
+            tokenizer = Tokenizer.from_files(vocab, merges)
+            start = time.perf_counter()
+            ids = tokenizer.encode(text)
+            cold.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            tokenizer.encode(text)
+            warm.append(time.perf_counter() - start)
+            tokenizer = Tokenizer.from_files(vocab, merges)
+            start = time.perf_counter()
+            line_ids = [tokenizer.encode(line) for line in lines]
+            per_line.append(time.perf_counter() - start)
+        return dict(one=best(cold), warm=best(warm), lines=best(per_line), ids=ids, line_ids=line_ids)
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    one, batch = [], []
+    for _ in range(3):
+        hf = HFTokenizer(models.BPE.from_file(vocab, merges))
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        start = time.perf_counter()
+        ids = hf.encode(text).ids
+        one.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        line_ids = [encoding.ids for encoding in hf.encode_batch(lines)]
+        batch.append(time.perf_counter() - start)
+    return dict(one=best(one), lines=best(batch), ids=ids, line_ids=line_ids)
+
+
+def _first_difference(ours: list[str], theirs: list[str]) -> int:
+    """How many of the first merges the two lists share."""
+    return next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+
+
+def _pair_counts(merges: list[str], pairs: list[str]) -> list[int]:
+    """How often each of `pairs` occurs in the training plays' pre-tokens after `merges` (merges.txt's spelling):
+    the counts that chose the next merge, for seeing why ours and tokenizers' differ there."""
+    from transformer_from_scratch.tokenizer import _merge_word, _pretoken_counts, bytes_to_unicode
+
+    byte_of = {char: b for b, char in bytes_to_unicode().items()}
+    split = lambda line: tuple(bytes(byte_of[c] for c in part) for part in line.split(" "))  # noqa: E731
+    words = {tuple(bytes([b]) for b in word.encode("utf-8")): count
+             for word, count in _pretoken_counts(CORPUS / "train.txt", BPE_LARGE["special_tokens"]).items()}
+    for merge in map(split, merges):
+        words = {tuple(_merge_word(list(word), merge)): count for word, count in words.items()}
+    wanted = [split(pair) for pair in pairs]
+    return [sum(count * sum(1 for p in zip(word, word[1:]) if p == pair) for word, count in words.items())
+            for pair in wanted]
+
+
+def tokenizer_report(rounds: int) -> str:
+    """The tokenizer's section of the table: training and encoding, ours against Hugging Face's tokenizers."""
+    import tokenizers
+
+    train: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        rows = ["ours, 500, 1 process", "ours, 10k, 1 process", "ours, 10k, 1 per core", "tokenizers, 10k"]
+        for round_ in range(rounds):
+            for row in rows:
+                print(f"  tokenizer: train {row} (round {round_ + 1} of {rounds}) …", file=sys.stderr, flush=True)
+                place = Path(folder) / row.replace(",", "").replace(" ", "_")
+                place.mkdir(exist_ok=True)
+                result = _run_child("bpe_train", row, str(place))
+                if row not in train or result["seconds"] < train[row]["seconds"]:
+                    train[row] = result
+        print("  tokenizer: encode …", file=sys.stderr, flush=True)
+        vocab_folder = str(Path(folder) / "ours_10k_1_per_core")
+        ours, theirs = (_run_child("bpe_encode", row, vocab_folder) for row in ("ours", "tokenizers"))
+    small = train["ours, 500, 1 process"]["seconds"]
+    hf_seconds = train["tokenizers, 10k"]["seconds"]
+    ours_merges, hf_merges = train["ours, 10k, 1 per core"]["merges"], train["tokenizers, 10k"]["merges"]
+    same = _first_difference(ours_merges, hf_merges)
+    differ = "all identical"
+    if same < len(ours_merges):
+        counts = _pair_counts(ours_merges[:same], [ours_merges[same], hf_merges[same]])
+        differ = (f"the first {same:,} of {len(ours_merges):,} are identical; #{same + 1} is ours "
+                  f"`{ours_merges[same]}` ({counts[0]:,} times in the pre-tokens then), theirs `{hf_merges[same]}` "
+                  f"({counts[1]:,} times)" + (": a tie, which ours breaks for the lexicographically greater pair, "
+                                              "tokenizers for the pair of lower ids" if counts[0] == counts[1] else ""))
+    in_merges = len(set(ours_merges) & set(hf_merges))
+    size = (CORPUS / "heldout.txt").stat().st_size
+    lines = [f"Tokenizer benchmark of {datetime.date.today().isoformat()}: {_cpu_name()}, {os.cpu_count()} cores; "
+             f"Python {platform.python_version()}.", "",
+             f"**Tokenizer**: notebook 13's byte-level BPE (`tokenizer.py`, Python) against Hugging Face's "
+             f"`tokenizers` {tokenizers.__version__} (Rust), on the plays. Training: the best of {rounds} runs, each "
+             f"in a fresh process. `tokenizers` trains and encodes a batch on every core "
+             f"({os.cpu_count()} here); ours in one process unless said.", "",
+             "| training | seconds | × tokenizers' time |", "|---|---:|---:|",
+             f"| ours, 500 tokens on the first 130 KB, 1 process | {small:.2f} | |"]
+    lines += [f"| {row.replace('10k', '10,000 tokens on train.txt (4.5 MB)')} | {train[row]['seconds']:.2f} | "
+              f"{train[row]['seconds'] / hf_seconds:.1f} |" for row in rows[1:]]
+    lines += ["", f"Merges, ours against `tokenizers`' (vocabulary 10,000 with `<|endoftext|>`): {differ}; "
+              f"{in_merges:,} of ours are among theirs.", "",
+              f"**Encoding** the held-out plays ({size / 1e6:.2f} MB) with the 10,000-token vocabulary, `tokenizers` "
+              "loaded from our vocab.json and merges.txt (`BPE.from_file`, the same byte-level pre-tokenizer); the "
+              "best of 3.", "", "| encode | ours MB/s | tokenizers MB/s | ours / theirs |", "|---|---:|---:|---:|",
+              f"| the whole text, one call (ours: a fresh Tokenizer, cold cache) | {ours['one']:.2f} | "
+              f"{theirs['one']:.2f} | {ours['one'] / theirs['one']:.2f} |",
+              f"| the whole text again (ours: warm cache) | {ours['warm']:.2f} | | "
+              f"{ours['warm'] / theirs['one']:.2f} |",
+              f"| each line (theirs: `encode_batch`, in parallel) | {ours['lines']:.2f} | {theirs['lines']:.2f} | "
+              f"{ours['lines'] / theirs['lines']:.2f} |", "",
+              f"Identical ids: whole text {'yes' if ours['ids'] == theirs['ids'] else 'NO'} ({len(ours['ids']):,} "
+              f"tokens, {size / len(ours['ids']):.2f} bytes per token), lines "
+              f"{'yes' if ours['line_ids'] == theirs['line_ids'] else 'NO'}.", "",
+              "**Targets** (tokenizer):",
+              f"- training 500 tokens on 130 KB in one process under 1.5 s: {'met' if small < 1.5 else 'missed'} "
+              f"({small:.2f} s)",
+              f"- encoding within 5× of `tokenizers` (one call, cold): {_verdict(ours['one'] / theirs['one'], 0.2)}"]
+    return "\n".join(lines) + "\n"
+
+
 def _run_child(kind: str, row: str, device: str) -> dict:
     """Run one measurement in a fresh interpreter and return its JSON result."""
     command = [sys.executable, "-m", "transformer_from_scratch.benchmark", "--child", kind, row, device]
@@ -478,7 +659,10 @@ def _cpu_name() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO / "build" / "benchmark.md")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where the table goes (default: build/benchmark.md; with --only, build/benchmark_ONLY.md)")
+    parser.add_argument("--only", choices=["model", "tokenizer"], default=None,
+                        help="measure one part: the model's rows (and the notebooks), or the tokenizer's")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows (slow to compile)")
     parser.add_argument("--no-notebooks", action="store_true", help="skip timing the notebooks under nbval")
     parser.add_argument("--rounds", type=int, default=3, help="measure each eager row this many times, keep the best")
@@ -492,15 +676,24 @@ def main(argv: list[str] | None = None) -> None:
                    "kv_decode": lambda: measure_kv_decode(row, device, repeats=3),
                    "small": lambda: measure_small_forward(row, device),
                    "matmul": lambda: measure_matmul(device),
-                   "calls": lambda: measure_calls(device)}[kind]
+                   "calls": lambda: measure_calls(device),
+                   "bpe_train": lambda: measure_bpe_train(row, device),  # DEVICE: the folder of its files
+                   "bpe_encode": lambda: measure_bpe_encode(row, device)}[kind]
         print(json.dumps(measure()))
         return
     import torch
 
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    text = "\n".join(report(device, not args.no_compile, not args.no_notebooks and device == "cpu", args.rounds)
-                     for device in devices)
+    parts = []
+    if args.only != "tokenizer":
+        parts += [report(device, not args.no_compile, not args.no_notebooks and device == "cpu", args.rounds)
+                  for device in devices]
+    if args.only != "model":
+        parts.append(tokenizer_report(args.rounds))
+    text = "\n".join(parts)
     print(text)
+    if args.out is None:
+        args.out = REPO / "build" / (f"benchmark_{args.only}.md" if args.only else "benchmark.md")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(f"written to {args.out}", file=sys.stderr)

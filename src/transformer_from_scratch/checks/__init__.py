@@ -27,6 +27,7 @@ from .kv_cache import check_kv_cache
 from .generate import check_generate
 from .training import (check_adamw, check_checkpoint, check_cross_entropy, check_get_batch, check_gradient_clipping,
                        check_lr_cosine_schedule)
+from .tokenizer import check_tokenizer, check_train_bpe
 
 __all__ = [
     "check_linear",
@@ -48,4 +49,6 @@ __all__ = [
     "check_gradient_clipping",
     "check_get_batch",
     "check_checkpoint",
+    "check_train_bpe",
+    "check_tokenizer",
 ]
