@@ -26,6 +26,7 @@ from transformer_from_scratch import (
     RotaryPositionalEmbedding,
     SwiGLU,
     TransformerBlock,
+    Tokenizer,
     TransformerLM,
     count_resources,
     cross_entropy,
@@ -42,6 +43,7 @@ from transformer_from_scratch import (
     softmax,
     swiglu_hidden_size,
     tokenize_file,
+    train_bpe,
 )
 
 # Small sizes, all different, so that a message naming the wrong size cannot pass by accident.
@@ -455,7 +457,22 @@ CASES = [
         torch.tensor([[1, 50]])), Raises(ValueError, "[0, 49]", "from 1 to 50")),
     case("GPT2StyleLM-heads-do-not-divide-d_model", lambda: GPT2StyleLM(VOCAB, MAX_SEQ, 10, 1, 3, D_FF),
          Raises(ValueError, "num_heads dividing d_model", "d_model=10", "num_heads=3")),
+    case("train_bpe-vocab-below-the-bytes-and-specials", lambda: train_bpe("no/such/plays.txt", 256, ["<|endoftext|>"]),
+         Raises(ValueError, "vocab_size=256", "256 bytes + 1 special tokens")),
+    case("train_bpe-missing-file", lambda: train_bpe("no/such/plays.txt", 300),
+         Raises(FileNotFoundError, "no text file at no/such/plays.txt")),
+    case("Tokenizer-decode-id-outside-the-vocab", lambda: _bytes_tokenizer().decode([104, 256]),
+         Raises(ValueError, "id 256 is not in the vocabulary", "0 … 255")),
+    case("Tokenizer-encode-bytes", lambda: _bytes_tokenizer().encode(b"hello"),
+         Raises(TypeError, "Tokenizer.encode takes a str", "got bytes")),
+    case("Tokenizer-encode_iterable-of-ints", lambda: list(_bytes_tokenizer().encode_iterable([1, 2])),
+         Raises(TypeError, "Tokenizer.encode_iterable takes a str", "got int")),
 ]
+
+
+def _bytes_tokenizer() -> Tokenizer:
+    """A tokenizer with the 256 bytes and no merge."""
+    return Tokenizer({b: bytes([b]) for b in range(256)}, [])
 
 
 def _checkpoint_of(model):
@@ -490,6 +507,7 @@ def test_the_cases_have_unique_names_and_cover_every_public_name():
                "MHA": "MultiHeadSelfAttention", "Block": "TransformerBlock", "LM": "TransformerLM"}
     covered = {aliases.get(name, name) for name in covered}
     switches = {"set_shape_checks", "shape_checks", "shape_checks_enabled", "trusted"}  # test_compile, test_kv_cache
+    switches |= {"GPT2_PATTERN", "bytes_to_unicode"}  # a constant, and a function without arguments
     assert set(tfs.__all__) - switches <= covered, set(tfs.__all__) - switches - covered
 
 
