@@ -475,14 +475,17 @@ def test_the_landing_page_is_for_learners():
     for page in pages:
         assert f'href="{page.stem}.html"' in html and f'href="{page.stem}.slides.html"' in html
     text = htmllib.unescape(re.sub(r"<[^>]+>", "", html))
-    for heading in ("How to start", "For lecturers"):
-        assert heading in text
+    assert "How to start" in text
+    assert 'href="lecturers.html"' in html, "one line links the lecturers' page"
+    for lecturers in ("SOLUTIONS=1", "speaker notes", "speaker view"):
+        assert lecturers not in text, f"{lecturers!r} is on the lecturers' page, not on the learners' landing page"
     for developer in ("make test", "Conda", "Layout", "localhost", "benchmark", "CONTRIBUTING"):
         assert developer not in text, f"{developer!r} is for the repository's developers, not on the landing page"
     assert "git clone https://example.org/course.git" in text and 'src="images/architecture.svg"' in html
     hrefs = re.findall(r'<a [^>]*href="([^"#]+)', html)
     local = [h for h in hrefs if not re.match(r"[a-z]+:", h)]
-    known = {"index.html"} | {f"{p.stem}.html" for p in pages} | {f"{p.stem}.slides.html" for p in pages}
+    known = {"index.html", "lecturers.html"} | {f"{p.stem}.html" for p in pages} | \
+        {f"{p.stem}.slides.html" for p in pages}
     assert set(local) <= known | {"data:,"}, "no link to a page the site does not have"
 
 
@@ -505,3 +508,166 @@ def test_a_lecture_fits_a_session(notebook):
         sessions = [lecture]
     assert all(n <= high for n in sessions) and sum(sessions) >= low, \
         f"{notebook.stem}: lecture slides per session {sessions}, the promise is {low} to {high}"
+
+
+# Issue 30: a deck speaks to a room
+# A deck is shown to a room, not run: no sentence on a slide may only make sense in a notebook. Each entry is a phrase
+# that does (NOTEBOOK_GUIDE.md: "Notebooks and decks speak to their medium"); slides.NOTEBOOK_ONLY leaves out the
+# sentences the builder can tell, and the notebooks' text is written so that the rest reads right in both media.
+NOTEBOOK_PHRASES = {
+    # A widget's controls: the deck shows the default figure only (its controls become one generated note).
+    "slider": r"\bsliders?\b",
+    "an instruction to a control": r"^(move|drag|type|pick|choose|try) (the|it|your own|\$[^$]*\$) "
+                                    r".*?(\bslider|\btext\b|\bcontrol|\babove\b|\bbelow\b)",
+    # A magic the deck leaves out (slides._is_magic_only) or a measurement the reader is told to make.
+    "%timeit": r"%timeit",
+    "a result the notebook does not store": r"\bthis notebook (stores|saves|keeps) no\b|\bmeasure it yourself\b",
+    # The notebook's own interface: its cells, its collapsed hints, running it.
+    "a cell": r"\b(the|this|that|a new|next) cells?\b|\bcells? (below|above)\b",
+    "in the notebook": r"\bin the notebook\b",
+    "running": r"\b(run|re-run|rerun|execute) (the|this) (cell|notebook|code)\b|\bshift[- ]enter\b",
+    "a collapsed block": r"\bcollapsed\b|\bfolded\b|\bclick\b|\bexpand (it|the)\b|\bopen (its|the|their) hints?\b",
+    "scrolling": r"\bscroll",
+}
+# *Verify* sits in the deck's appendix, out of the lecture's path: a lecture slide does not send the room there.
+VERIFY_POINTER = r"\*Verify\*"
+# "Below, …" or "the loop below": a pointer to code, which reads wrong when the deck shows that code's output only.
+CODE_POINTER = re.compile(r"(?:^|[.:;]\s+)(Below|Above),|\b(?:the|this|that) (?:loop|code|function|lines?|snippet) "
+                          r"(below|above)\b", re.IGNORECASE)
+
+
+def _code_shown(cells: list, index: int, below: bool) -> bool:
+    """Whether the deck shows the code of the nearest code cell below (above) cell ``index``, within its part."""
+    for cell in (cells[index + 1:] if below else reversed(cells[:index + 1])):
+        if cell.cell_type == "code":
+            return not cell.metadata.get("transient", {}).get("remove_source")
+        heading = re.match(r"#{1,3} (.*)", cell.source)
+        if heading and not heading[1].endswith("(continued)") and (below or cell is not cells[index]):
+            return False
+    return False
+
+
+def _notebook_only_phrases(notebook: Path) -> list[str]:
+    cells = [c for c in _derive(notebook) if _slide_type(c) != "notes"]
+    found = []
+    lecture = True
+    for index, cell in enumerate(cells):
+        if cell.cell_type == "code":
+            if "%timeit" in cell.source and not cell.outputs and not cell.metadata.get("transient"):
+                found.append(f"%timeit with no result: {cell.source.strip()[:80]!r}")
+            continue
+        if cell.source.startswith(f"## {slides.APPENDIX_PREFIX}"):
+            lecture = False
+        for block in slides._blocks(cell.source):
+            if "%timeit" in block:
+                found.append(f"%timeit with no result: {block.strip()[:80]!r}")
+            if re.match(r"\s*(#|```|<)", block):
+                continue
+            for sentence in slides._sentences(" ".join(block.split())):
+                named = [name for name, phrase in NOTEBOOK_PHRASES.items() if re.search(phrase, sentence, re.I)]
+                if lecture and re.search(VERIFY_POINTER, sentence):
+                    named.append("a pointer to *Verify*")
+                pointer = CODE_POINTER.search(sentence)
+                if pointer and not _code_shown(cells, index, below=(pointer[1] or pointer[2]).lower() == "below"):
+                    named.append("a pointer to code the deck hides")
+                if named:
+                    found.append(f"{', '.join(named)}: {sentence[:160]!r}")
+    return found
+
+
+def test_notebook_phrases_catch_the_lecturers_cases():
+    caught = ["Move the sliders:", "The sliders above show the steps in between.", "%timeit f(x)",
+              "How much faster depends on the machine, so this notebook stores no timings.",
+              "Measure it yourself in a new cell:", "Run the cell below.", "Answers sit in collapsed blocks."]
+    for text in caught:
+        assert any(re.search(p, text, re.I) for p in NOTEBOOK_PHRASES.values()), text
+    for text in ("Every weight above the diagonal is 0.", "Below $x \\approx -12$ float16 has no full-precision answer.",
+                 "Pick a next token from the last position's prediction, append it, run the model again.",
+                 "The KV cache keeps the keys and values of the tokens already read."):
+        assert not any(re.search(p, text, re.I) for p in NOTEBOOK_PHRASES.values()), text
+    assert CODE_POINTER.search("Below, both mistakes are made.") and CODE_POINTER.search("The loop below is those steps.")
+    assert not CODE_POINTER.search("Below $x = 0$ the gate shuts.")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_deck_speaks_to_a_room(notebook):
+    """No slide says what only makes sense in a notebook: sliders, cells, %timeit without its result, a pointer to
+    *Verify* (in the appendix) or to code the deck hides."""
+    assert _notebook_only_phrases(notebook) == []
+
+
+# Issue 30: keys and the published site -----------------------------------------------------------------------
+
+def test_one_key_steps_through_a_deck(deck_01):
+    """reveal.js's linear navigation: → and Space (and a clicker's PageDown) step through every slide, the
+    sub-slides included (tests/test_browser.py presses the keys)."""
+    assert re.search(r'navigationMode:\s*"linear"', deck_01)
+
+
+def test_the_lecturers_page():
+    pages = site.pages()
+    html = site.landing_page(pages, repository="https://example.org/course.git", lecturers=True)
+    text = htmllib.unescape(re.sub(r"<[^>]+>", "", html))
+    for page in pages:
+        assert f'href="{page.stem}.slides.html"' in html, "every deck"
+    assert 'href="index.html"' in html, "back to the learners' landing page"
+    for needed in ("For lecturers", "Space", "PageDown", "clicker", "Esc", "speaker view", "make slides SOLUTIONS=1",
+                   "make site SOLUTIONS=1", "not for publishing"):
+        assert needed in text, needed
+    for developer in ("make test", "CONTRIBUTING", "localhost"):
+        assert developer not in text
+    hrefs = re.findall(r'<a [^>]*href="([^"#]+)', html)
+    local = {h for h in hrefs if not re.match(r"[a-z]+:", h)}
+    known = {"index.html", "lecturers.html"} | {f"{p.stem}.html" for p in pages} | \
+        {f"{p.stem}.slides.html" for p in pages}
+    assert local <= known, "no link to a page the site does not have"
+
+
+@pytest.mark.parametrize("url, remote", [
+    ("https://github.com/someone/course.git", True), ("http://example.org/c.git", True),
+    ("ssh://git@example.org/c.git", True), ("git://example.org/c.git", True), ("git@github.com:someone/c.git", True),
+    ("/home/someone/course", False), ("../course", False), ("file:///home/someone/course", False),
+    ("C:/Users/someone/course", False)])
+def test_which_addresses_can_be_published(url, remote):
+    assert site.is_remote(url) is remote
+
+
+def test_a_local_origin_is_not_published(tmp_path, monkeypatch, capsys):
+    """A clone of a local clone: its origin is a path on the lecturer's disk; the build warns (one line naming the
+    path and REPOSITORY=) and no page shows it, nor any clone address."""
+    import subprocess
+
+    monkeypatch.delenv(site.REPOSITORY_VARIABLE, raising=False)
+    clone = tmp_path / "clone"
+    local = "/home/lecturer/private/transformer-from-scratch"
+    subprocess.run(["git", "init", "-q", str(clone)], check=True)
+    subprocess.run(["git", "-C", str(clone), "remote", "add", "origin", local], check=True)
+    assert site.repository_url(repo=clone) is None
+    warning = [line for line in capsys.readouterr().err.splitlines() if local in line]
+    assert len(warning) == 1 and "REPOSITORY=" in warning[0]
+    out = tmp_path / "site"
+    site.build(out, notebooks=[REPO / "notebooks" / "01_linear.ipynb"], landing=True, decks=False,
+               repository=site.repository_url(repo=clone))
+    written = sorted(out.glob("*.html"))
+    assert {path.name for path in written} >= {"index.html", "lecturers.html", "01_linear.html"}
+    for path in written:
+        page = path.read_text(encoding="utf-8")
+        assert local not in page and "/home/lecturer" not in page, path.name
+    assert "ask your lecturer" in (out / "01_linear.html").read_text(encoding="utf-8")
+    assert "your lecturer gives you its address" in (out / "index.html").read_text(encoding="utf-8")
+    capsys.readouterr()
+    # A remote origin is published as before.
+    subprocess.run(["git", "-C", str(clone), "remote", "set-url", "origin", "git@example.org:someone/c.git"],
+                   check=True)
+    assert site.repository_url(repo=clone) == "https://example.org/someone/c.git"
+    assert capsys.readouterr().err == ""
+
+
+def test_the_student_notebook_link_says_how_to_get_it_from_disk():
+    """From file:// Chromium ignores ``download`` and shows the .ipynb: the run box says to save the link, or where
+    the file is in the site's folder; the navigation's link says so in its tooltip."""
+    page = site.pages()[0]
+    box = htmllib.unescape(re.sub(r"<[^>]+>", "", site.run_box(page, None, solutions=False)))
+    assert "Save link as" in box and f"{site.STUDENT_DIR}/{page.notebook.name}" in box
+    nav = site.navigation(page, site.pages(), "top")
+    assert re.search(rf'<a href="{site.STUDENT_DIR}/{page.notebook.name}" title="[^"]*Save link as[^"]*" download>', nav)
