@@ -5,6 +5,8 @@ Python through ``executable_path``: no browser is downloaded) opens them from a 
   1280 × 720 slide or runs under the controls or the slide number, no slide is empty and at most one is nearly
   so, no slide ends on a colon, every figure's smallest text is readable, the maths rendered, every image loaded,
   the console shows no error and nothing was requested from anywhere but the local server.
+* One key steps through a deck: → from the first slide reaches every slide in order (sub-slides and fragments
+  included), ← goes back one; Space, PageDown and PageUp (a clicker's keys) do the same.
 * The speaker view: the notes' maths renders there too, and the controls leave the slide number visible;
   wrapped code keeps its indentation.
 * The site's page for 05 and its landing page: maths, images, no error, no foreign request, every link resolves,
@@ -329,6 +331,43 @@ def test_landing_page_links_resolve(watched, served):
             assert response.status == 200, href
     assert any(h.endswith(".slides.html") for h in local), "the landing page links the decks"
     assert watched.errors == [] and watched.foreign() == []
+
+
+# Where the deck is: the slide's indices and how many of its fragments are shown.
+DECK_STATE = "(() => { const at = Reveal.getIndices(); return [at.h, at.v || 0, at.f === undefined ? -1 : at.f]; })()"
+
+
+def test_one_key_steps_through_a_deck(watched):
+    """A clicker sends → (or PageDown): pressed again and again, it reaches every slide of the deck in order, the
+    sub-slides under a section included, each fragment on the way; ← goes back one step; Space and PageDown step
+    forward the same way, PageUp back."""
+    watched.open("01_linear.slides.html")
+    page = watched.page
+    order = page.evaluate("""Array.from(document.querySelectorAll('.reveal .slides section'))
+      .filter(s => !s.querySelector('section')).map(s => { const at = Reveal.getIndices(s); return [at.h, at.v || 0]; })""")
+    assert len(order) >= page.evaluate("Reveal.getTotalSlides()") > 5, "every slide, the appendix's uncounted ones too"
+    assert any(v > 0 for _, v in order), "deck 01 has sub-slides, the case this test is for"
+    page.evaluate("Reveal.slide(0, 0)")
+    page.locator(".reveal").click(position={"x": 5, "y": 5})  # the keys go to the deck (a click on no link)
+    page.evaluate("Reveal.slide(0, 0)")
+    states = [page.evaluate(DECK_STATE)]
+    for _ in range(10 * len(order)):
+        page.keyboard.press("ArrowRight")
+        state = page.evaluate(DECK_STATE)
+        if state == states[-1]:
+            break  # the end of the deck
+        states.append(state)
+    visited = [state[:2] for n, state in enumerate(states) if n == 0 or state[:2] != states[n - 1][:2]]
+    assert visited == order, "→ skips slides or visits them out of order"
+    assert all(later[2] == before[2] + 1 for before, later in zip(states, states[1:]) if later[:2] == before[:2]), \
+        "→ shows a slide's fragments one at a time"
+    page.keyboard.press("ArrowLeft")
+    assert page.evaluate(DECK_STATE) == states[-2], "← goes back one step"
+    page.evaluate("Reveal.slide(0, 0)")
+    for key, expected in (("Space", states[1]), ("PageDown", states[2]), ("PageUp", states[1])):
+        page.keyboard.press(key)
+        assert page.evaluate(DECK_STATE) == expected, key
+    assert watched.errors == []
 
 
 # --- JupyterLab, as `make lab` starts it -------------------------------------------------------------------------

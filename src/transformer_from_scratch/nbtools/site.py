@@ -7,7 +7,9 @@ relative, nothing fetched from elsewhere when it is built or read (open ``index.
 folder with any static server):
 
 * ``index.html``: the landing page for learners (``templates/site/index.md``): what the course builds, the ten
-  notebooks with one line each (their titles' promises), how to start, and a section for lecturers with the decks.
+  notebooks with one line each (their titles' promises), how to start, and one line linking the lecturers' page.
+* ``lecturers.html``: the lecturers' page (``templates/site/lecturers.md``): the decks, their keys, the
+  instructor's build (``SOLUTIONS=1``).
 * ``NN_x.html``: each notebook's page. By default it is the **student edition**, what ``make student`` gives the
   learner: every solution region is the stub the learner fills in (``# YOUR CODE HERE``), no solution code and no
   solution marker anywhere, and the outputs of the cells that held a solution are left out; every other output
@@ -23,6 +25,8 @@ folder with any static server):
 
 The repository's address on the pages comes from one setting: ``--repository`` (``make site REPOSITORY=…``), else
 the ``COURSE_REPOSITORY`` environment variable, else git's ``origin``; without any, the pages say to ask for it.
+An ``origin`` that is a local path (a clone of a clone, not an http(s), ssh or git address) is never published:
+the build warns on stderr and the pages say to ask for the address.
 
 The pages are nbconvert's HTMLExporter with the ``course_site`` template (``templates/course_site/``): the
 JupyterLab look, minus what would load from a CDN (require.js, the widget manager, mermaid), plus the
@@ -51,20 +55,31 @@ INSTRUCTOR_OUT = REPO / "build" / "site-instructor"
 COURSE = "Transformer LM from scratch"
 STUDENT_DIR = "student"
 LANDING = TEMPLATES / "site" / "index.md"
+LECTURERS = TEMPLATES / "site" / "lecturers.md"
 REPOSITORY_VARIABLE = "COURSE_REPOSITORY"
 STUDENT_NOTE_ID = "student-edition-note"  # the note nbtools/student.py puts under the title
 
 
-def repository_url(setting: str | None = None) -> str | None:
+def is_remote(url: str) -> bool:
+    """True for an address others can clone: http(s)://, ssh://, git://, or scp-like ``user@host:path``."""
+    return bool(re.match(r"(https?|ssh|git)://", url) or re.fullmatch(r"[\w.-]+@[\w.-]+:.+", url))
+
+
+def repository_url(setting: str | None = None, repo: Path = REPO) -> str | None:
     """The repository's address for ``git clone``: ``setting``, else $COURSE_REPOSITORY, else git's ``origin``
-    (``git@host:owner/name.git`` as ``https://host/owner/name.git``); None when there is none."""
+    in ``repo`` (``git@host:owner/name.git`` as ``https://host/owner/name.git``); None when there is none, or when
+    the origin is a local path, which must not be published (a warning on stderr says so)."""
     url = setting or os.environ.get(REPOSITORY_VARIABLE)
     if not url:
         try:
-            url = subprocess.run(["git", "-C", str(REPO), "remote", "get-url", "origin"], capture_output=True,
+            url = subprocess.run(["git", "-C", str(repo), "remote", "get-url", "origin"], capture_output=True,
                                  text=True, timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             url = ""
+        if url and not is_remote(url):
+            print(f"WARNING: git's origin is a local path ({url}), not published: the pages ask learners for the "
+                  f"address; set it with make site REPOSITORY=https://…", file=sys.stderr)
+            return None
     if not url:
         return None
     ssh = re.fullmatch(r"[\w.-]+@([\w.-]+):(.+)", url)
@@ -135,8 +150,12 @@ def instructor_page_notebook(path: Path) -> nbformat.NotebookNode:
 
 # --- The pieces of a page -----------------------------------------------------------------------------------
 
-def _link(href: str, text: str, rel: str = "", css: str = "", download: bool = False) -> str:
+DISK_TIP = "Opened from disk, the browser shows the notebook instead of saving it: right-click, Save link as…"
+
+
+def _link(href: str, text: str, rel: str = "", css: str = "", download: bool = False, title: str = "") -> str:
     attributes = f' rel="{rel}"' if rel else ""
+    attributes += f' title="{html.escape(title)}"' if title else ""
     attributes += f' class="{css}"' if css else ""
     attributes += " download" if download else ""
     return f'<a href="{html.escape(href)}"{attributes}>{html.escape(text)}</a>'
@@ -160,12 +179,13 @@ def navigation(page: Page | None, all_pages: list[Page], where: str, solutions: 
             '<span class="course-none">← (first notebook)</span>'
         following = _link(f"{after.stem}.html", f"{after.short} →", "next") if after else \
             '<span class="course-none">(last notebook) →</span>'
+        student_link = _link(f"{STUDENT_DIR}/{page.notebook.name}", "Student notebook (.ipynb)", download=True,
+                             title=DISK_TIP)
         parts += [f'<span class="course-prev">{previous}</span>',
                   f'<span class="course-index">{_link("index.html", "Index", "index")}</span>',
                   f'<span class="course-next">{following}</span>',
                   f'<span class="course-deck">{_link(f"{page.stem}.slides.html", "Slides")}</span>',
-                  f'<span class="course-student">'
-                  f'{_link(f"{STUDENT_DIR}/{page.notebook.name}", "Student notebook (.ipynb)", download=True)}</span>']
+                  f'<span class="course-student">{student_link}</span>']
     parts.append("</nav>")
     return "\n".join(parts)
 
@@ -195,7 +215,10 @@ def run_box(page: Page, repository: str | None, solutions: bool) -> str:
         f'make workshop   # first run: installs everything into .venv (about 2 minutes)</code></pre>\n'
         f'<p><code>make workshop</code> writes the student edition to <code>notebooks/student/</code> (never over your '
         f'edits) and opens JupyterLab; this notebook is <code>notebooks/student/{name}</code>. The '
-        f'<a href="{STUDENT_DIR}/{name}" download>downloaded {name}</a> is the same file: it runs only there, inside '
+        f'<a href="{STUDENT_DIR}/{name}" download>downloaded {name}</a> is the same file (<span '
+        f'class="course-from-disk">site opened from disk? the browser shows the file instead of saving it: '
+        f'right-click the link and choose <i>Save link as…</i>, or take <code>{STUDENT_DIR}/{name}</code> from the '
+        f'site\'s folder</span>): it runs only there, inside '
         f'the repository, because it imports your own package and the course\'s checks. The notebook\'s slides: '
         f'<a href="{html.escape(page.stem)}.slides.html">{html.escape(page.short)}, the deck</a>.</p></aside>')
 
@@ -223,9 +246,11 @@ def notebook_page(page: Page, all_pages: list[Page], html_exporter: HTMLExporter
                    intro, solutions=solutions)
 
 
-def landing_markdown(all_pages: list[Page], repository: str | None, solutions: bool = False) -> str:
-    """The landing page's Markdown: ``templates/site/index.md`` with its placeholders filled in."""
-    text = LANDING.read_text(encoding="utf-8")
+def landing_markdown(all_pages: list[Page], repository: str | None, solutions: bool = False,
+                     template: Path = LANDING) -> str:
+    """The landing page's Markdown: ``templates/site/index.md`` (or ``template``: the lecturers' page) with its
+    placeholders filled in."""
+    text = template.read_text(encoding="utf-8")
     rows = "\n".join(f"| {p.number} | [{p.name}]({p.stem}.html) | {p.promise[:1].upper() + p.promise[1:]} | "
                      f"[slides]({p.stem}.slides.html) |" for p in all_pages)
     notebooks_table = "| # | notebook | what it builds | deck |\n|---|---|---|---|\n" + rows
@@ -247,12 +272,14 @@ def landing_markdown(all_pages: list[Page], repository: str | None, solutions: b
 
 
 def landing_page(all_pages: list[Page], html_exporter: HTMLExporter | None = None, solutions: bool = False,
-                 repository: str | None = None) -> str:
-    """The HTML of the landing page."""
+                 repository: str | None = None, lecturers: bool = False) -> str:
+    """The HTML of the landing page (with ``lecturers``, of the lecturers' page)."""
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell(landing_markdown(all_pages, repository, solutions))]
+    template = LECTURERS if lecturers else LANDING
+    nb.cells = [nbformat.v4.new_markdown_cell(landing_markdown(all_pages, repository, solutions, template))]
     intro = solutions_banner() if solutions else ""
-    return _render(html_exporter or exporter(), nb, COURSE, "index", REPO,
+    title = f"For lecturers · {COURSE}" if lecturers else COURSE
+    return _render(html_exporter or exporter(), nb, title, "lecturers" if lecturers else "index", REPO,
                    navigation(None, all_pages, "top", solutions), navigation(None, all_pages, "bottom", solutions),
                    intro, solutions=solutions)
 
@@ -278,6 +305,9 @@ def build(out: Path = DEFAULT_OUT, notebooks: list[Path] | None = None, landing:
         (out / "index.html").write_text(landing_page(all_pages, html_exporter, solutions, repository),
                                         encoding="utf-8")
         written.append(out / "index.html")
+        (out / "lecturers.html").write_text(landing_page(all_pages, html_exporter, solutions, repository,
+                                                         lecturers=True), encoding="utf-8")
+        written.append(out / "lecturers.html")
     (out / STUDENT_DIR).mkdir(exist_ok=True)
     for page in chosen:
         (out / f"{page.stem}.html").write_text(notebook_page(page, all_pages, html_exporter, solutions, repository),
@@ -311,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.solutions:
         print("This is the instructor's edition: every page shows the solutions. Do not publish it.")
     if repository is None:
-        print(f"No repository address (no git origin, no ${REPOSITORY_VARIABLE}): the pages ask learners to get it "
-              "from their lecturer. Set it with make site REPOSITORY=https://…")
+        print(f"No repository address to publish (no git origin, or a local one; no ${REPOSITORY_VARIABLE}): the "
+              "pages ask learners to get it from their lecturer. Set it with make site REPOSITORY=https://…")
     print(f"Open {out / 'index.html'} in a browser, or serve the folder: "
           f"python3 -m http.server --directory {out} 8000")
     return 0

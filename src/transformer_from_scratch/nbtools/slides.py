@@ -38,7 +38,8 @@ follows and sets ``metadata.slideshow.slide_type`` on a copy (the notebook file 
 * ``<details>`` blocks (hints, answers) move to the speaker notes: press S for the speaker view.
 * A widget's controls become a one-line note naming them, above the default figure the notebook stored.
 
-Keys in a deck: → / Space next, ← previous, ↓ ↑ within a column, Esc overview, F full screen,
+Keys in a deck (reveal.js's linear navigation): → ↓ Space PageDown (a clicker's keys) the next fragment or slide,
+sub-slides included, ← ↑ PageUp back one, Esc overview (the sections as columns), F full screen,
 S speaker view (notes), ? all keys.
 """
 
