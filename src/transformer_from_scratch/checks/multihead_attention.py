@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from .. import reference
 from ._harness import (BuiltinSpy, call, check_buffers_device, check_device_and_dtype, check_gradients,
                        check_initialised, check_parameters, check_signature, close, construct, expect_like, fail,
-                       generator, passed, refuse_instance)
+                       generator, passed, refuse_instance, unfilled_is_nan)
 
 # What a composite says of a weight never filled: its parts initialise themselves, as their own checks demand.
 _INIT_FIX = ("build each part from the course's Linear (Embedding, RMSNorm), which fills its own weight, and do not "
@@ -230,7 +230,8 @@ def _check_structure(impl: Any) -> None:
     """Signature, the four Linear submodules with the contract's names and shapes, nothing else, no bias."""
     refuse_instance(impl, "check_multihead_self_attention")
     check_signature(impl, _SIGNATURE, _NAME)
-    module = _make(impl, _D_MODEL, _HEADS)
+    with unfilled_is_nan():  # a weight never filled is NaN here, never an old tensor's numbers that match another's
+        module = _make(impl, _D_MODEL, _HEADS)
     if isinstance(module, nn.MultiheadAttention) or any(isinstance(m, nn.MultiheadAttention) for m in module.modules()):
         fail(f"{_NAME} is (or contains) torch.nn.MultiheadAttention",
              "build it from four Linear layers, q_proj, k_proj, v_proj and output_proj, and scaled_dot_product_attention")
