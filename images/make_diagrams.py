@@ -53,6 +53,7 @@ TITLES = {
     "transformer_block": "Where the Transformer block sits in the model",
     "transformer_lm": "The whole model: a pre-norm Transformer LM",
     "tokenizer": "Where the tokenizer sits: text in, token ids out",
+    "pretrained": "Real weights: every part, and the tokenizer, from one file",
 }
 KEYS = [k for k in TITLES if k is not None]
 
@@ -301,7 +302,7 @@ ZOOMS = [("attn", "mha"), ("ffn", "swi")]
 
 
 def is_lit(keys: tuple[str, ...], highlight: str | None) -> bool:
-    return highlight == "transformer_lm" or (highlight is not None and highlight in keys)
+    return highlight in ("transformer_lm", "pretrained") or (highlight is not None and highlight in keys)
 
 
 def style(node: Node, highlight: str | None) -> dict:
@@ -417,7 +418,7 @@ def draw(highlight: str | None = None) -> Figure:
     for box, panel in ZOOMS:
         draw_zoom(ax, box, panel, highlight)
     for node in NODES:
-        draw_node(ax, TOKENIZER_BOX if highlight == "tokenizer" and node.name == "ids" else node, highlight)
+        draw_node(ax, TOKENIZER_BOX if highlight in ("tokenizer", "pretrained") and node.name == "ids" else node, highlight)
     draw_sdpa_formula(ax, highlight)
     for edge in EDGES:
         draw_edge(ax, edge, highlight)

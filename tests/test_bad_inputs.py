@@ -8,6 +8,8 @@ formula) would broadcast without a word, and checks that ours refuse them, with 
 """
 
 import io
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +19,16 @@ from jaxtyping import TypeCheckError
 
 from transformer_from_scratch import (
     AdamW,
+    chat_prompt,
+    default_system,
+    dequantize_q4_1,
+    dequantize_q8_0,
+    load_gguf,
+    model_config,
+    our_name,
+    read_metadata,
+    tensor_of,
+    tokenizer_from_gguf,
     Embedding,
     KVCache,
     GPT2StyleLM,
@@ -465,9 +477,36 @@ CASES = [
          Raises(ValueError, "id 256 is not in the vocabulary", "0 … 255")),
     case("Tokenizer-encode-bytes", lambda: _bytes_tokenizer().encode(b"hello"),
          Raises(TypeError, "Tokenizer.encode takes a str", "got bytes")),
+    case("read_metadata-of-a-path", lambda: read_metadata("model.gguf"),
+         Raises(TypeError, "read_metadata takes a gguf.GGUFReader", "got str")),
+    case("model_config-another-architecture", lambda: model_config({"general.architecture": "gpt2"}, []),
+         Raises(ValueError, "llama architecture", "'gpt2'")),
+    case("dequantize_q8_0-part-of-a-block", lambda: dequantize_q8_0(torch.zeros(2, 33, dtype=torch.uint8)),
+         Raises(ValueError, "whole blocks of 34 bytes", "shape (2, 33)")),
+    case("dequantize_q4_1-floats", lambda: dequantize_q4_1(torch.zeros(20)),
+         Raises(ValueError, "dequantize_q4_1 takes uint8 bytes", "got torch.float32")),
+    case("tensor_of-bf16", lambda: tensor_of(_bf16_tensor()), Raises(ValueError, "is BF16", "reads F32")),
+    case("our_name-unknown-tensor", lambda: our_name("blk.3.attn_qk.weight"),
+         Raises(ValueError, "no TransformerLM weight", "'blk.3.attn_qk.weight'")),
+    case("tokenizer_from_gguf-sentencepiece", lambda: tokenizer_from_gguf({"tokenizer.ggml.model": "llama"}),
+         Raises(ValueError, "byte-level BPE", "'llama'")),
+    case("default_system-not-a-str", lambda: default_system(["<|im_start|>system"]),
+         Raises(TypeError, "default_system takes the chat template as a str", "got list")),
+    case("chat_prompt-no-messages", lambda: chat_prompt([]), Raises(ValueError, "the message list is empty")),
+    case("chat_prompt-a-str", lambda: chat_prompt(["hello"]), Raises(ValueError, "a message is", "got 'hello'")),
+    case("load_gguf-missing-file", lambda: load_gguf("no/such/model.gguf"),
+         Raises(FileNotFoundError, "no/such/model.gguf", "make weights")),
     case("Tokenizer-encode_iterable-of-ints", lambda: list(_bytes_tokenizer().encode_iterable([1, 2])),
          Raises(TypeError, "Tokenizer.encode_iterable takes a str", "got int")),
 ]
+
+
+def _bf16_tensor():
+    """A BF16 tensor of a tiny GGUF file (a type load_gguf does not read)."""
+    import gguf
+    from transformer_from_scratch.checks._tiny_gguf import write_tiny_gguf
+    path = write_tiny_gguf(Path(tempfile.mkdtemp()) / "bf16.gguf", matrix_type="BF16")
+    return next(t for t in gguf.GGUFReader(path).tensors if t.tensor_type.name == "BF16")
 
 
 def _bytes_tokenizer() -> Tokenizer:

@@ -27,6 +27,7 @@ import test_steps_embedding as embedding_steps
 import test_steps_kv_cache as kv_cache_steps
 import test_steps_linear as linear_steps
 import test_steps_multihead_attention as multihead_steps
+import test_steps_pretrained as pretrained_steps
 import test_steps_rmsnorm as rmsnorm_steps
 import test_steps_rope as rope_steps
 import test_steps_softmax as softmax_steps
@@ -42,9 +43,11 @@ from transformer_from_scratch import checks
 from transformer_from_scratch.checks import _harness
 from transformer_from_scratch.checks.steps import (attention, embedding, kv_cache, kv_cache_exercises as kv_exercises,
                                                    linear, multihead_attention, rmsnorm, rope, softmax, swiglu,
-                                                   tokenizer, tokenizer_exercises as tokenizer_answers, training,
+                                                   tokenizer, tokenizer_exercises as tokenizer_answers, pretrained_exercises, training,
                                                    training_exercises as training_answers, transformer_block,
                                                    transformer_lm)
+from transformer_from_scratch import pretrained
+from transformer_from_scratch.checks.steps import pretrained as pretrained_checks
 from transformer_from_scratch.kv_cache import KVCache
 from transformer_from_scratch.transformer_lm import generate
 
@@ -168,11 +171,21 @@ LEARNERS = [
     function(tokenizer.check_merge_word, tokenizer_steps.merge_word, tensor=False),
     function(tokenizer.check_naive_merges, tokenizer_steps.naive_merges, tensor=False),
     function(tokenizer.check_encode_pretoken, tokenizer_steps.encode_pretoken, tensor=False),
+    # notebook 14: a real model from a GGUF file
+    function(checks.check_load_gguf, pretrained.load_gguf, tensor=False),
+    function(checks.check_chat, pretrained.chat, tensor=False),
+    function(pretrained_checks.check_model_config, pretrained_steps.model_config, tensor=False),
+    function(pretrained_checks.check_dequantize_q8_0, pretrained_steps.dequantize_q8_0),
+    function(pretrained_checks.check_dequantize_q4_1, pretrained_steps.dequantize_q4_1),
+    function(pretrained_checks.check_our_name, pretrained_steps.our_name, tensor=False),
+    function(pretrained_checks.check_tokenizer_from_gguf, pretrained_steps.tokenizer_from_gguf, tensor=False),
+    function(pretrained_checks.check_chat_prompt, pretrained_steps.chat_prompt, tensor=False),
 ]
 # Checks of an answer (a number the learner computed), not of code: there is no call to plant a mistake in.
 ANSWERS = [kv_exercises.check_kv_cache_gib, kv_exercises.check_t_attention, training_answers.check_unigram_loss,
            tokenizer_answers.check_first_merges, tokenizer_answers.check_digits3_pattern,
-           tokenizer_answers.check_context_bytes]
+           tokenizer_answers.check_context_bytes, pretrained_exercises.check_bits_per_weight,
+           pretrained_exercises.check_unpermute, pretrained_exercises.check_kv_cache_bytes]
 TENSORS = [learner for learner in LEARNERS if learner.tensor]
 FLOATS = [learner for learner in TENSORS if learner.dtype]
 CLASSES = [learner for learner in LEARNERS if inspect.isclass(learner.right[learner.slot])

@@ -92,9 +92,10 @@ def test_components_come_from_the_learners_package(edition, notebook):
     out, _, _, _ = edition
     for source in _code(out / notebook.name):
         for match in re.finditer(r"from transformer_from_scratch(\.\w+)? import", source):
-            # .reference: the built-in oracle the Verify sections compare with, never a component the learner writes
+            # .reference: the built-in oracle the Verify sections compare with, never a component the learner writes;
+            # .weights: where `make weights` put the GGUF file (notebook 14), tooling
             assert match.group(1) in (".checks", ".shapes", ".reference", ".nbtools.export", ".nbtools.interactive", ".nbtools.helpers",
-                                      ".nbtools.plotting"), f"{match.group(0)}: a component from the reference"
+                                      ".nbtools.plotting", ".weights"), f"{match.group(0)}: a component from the reference"
     markdown = json.loads((out / notebook.name).read_text(encoding="utf-8"))["cells"]
     for cell in markdown:
         for ref in re.findall(r'src="([^"]+)"', "".join(cell["source"])):

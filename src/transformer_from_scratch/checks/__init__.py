@@ -28,6 +28,7 @@ from .generate import check_generate
 from .training import (check_adamw, check_checkpoint, check_cross_entropy, check_get_batch, check_gradient_clipping,
                        check_lr_cosine_schedule)
 from .tokenizer import check_tokenizer, check_train_bpe
+from .pretrained import check_chat, check_load_gguf
 
 __all__ = [
     "check_linear",
@@ -51,4 +52,6 @@ __all__ = [
     "check_checkpoint",
     "check_train_bpe",
     "check_tokenizer",
+    "check_load_gguf",
+    "check_chat",
 ]

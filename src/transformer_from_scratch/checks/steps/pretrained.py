@@ -1,0 +1,624 @@
+"""Self-checks for the steps of notebook 14 (a real model from a GGUF file): the model's configuration from the file's
+metadata, dequantizing Q8_0 and Q4_1 blocks, the tensors' names in TransformerLM's state dict, the tokenizer from the
+metadata, and the ChatML prompt.
+
+Each compares the learner's function with an independent answer (llama.cpp's own ``gguf.quants`` for the blocks, the
+file's Jinja template rendered by ``jinja2`` for the prompt, tables written out here for the rest) on small made-up
+inputs whose numbers are not SmolLM2's, so that a hard-coded answer fails; when they differ, it computes the classic
+mistakes one by one and names the first the learner's result matches.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable
+
+import gguf
+import numpy as np
+import torch
+
+from ...tokenizer import GPT2_PATTERN, Tokenizer, bytes_to_unicode
+from .._harness import attempt, call, crashed, describe, expect_tensor, fail, passed
+from ..tokenizer import short
+
+# ---------------------------------------------------------------------------------------------------------
+# Step 1 · the configuration from the metadata
+# ---------------------------------------------------------------------------------------------------------
+
+CONFIG_KEYS = {"vocab_size": "the length of tokenizer.ggml.tokens", "context_length": "llama.context_length",
+               "d_model": "llama.embedding_length", "num_layers": "llama.block_count",
+               "num_heads": "llama.attention.head_count", "d_ff": "llama.feed_forward_length",
+               "rope_theta": "llama.rope.freq_base", "num_kv_heads": "llama.attention.head_count_kv",
+               "norm_eps": "llama.attention.layer_norm_rms_epsilon",
+               "tie_embeddings": "whether the file lacks output.weight"}
+
+
+def fake_metadata(architecture: str = "llama", *, vocab: int = 300, merges: int = 40, context_length: int = 96,
+                  d_model: int = 48, num_layers: int = 3, num_heads: int = 6, num_kv_heads: int = 2, d_ff: int = 160,
+                  theta: float = 50000.0, eps: float = 1e-6) -> dict:
+    """A GGUF's metadata as read_metadata gives it, with made-up sizes (not SmolLM2's) and no llama.vocab_size."""
+    p = architecture + "."
+    return {"general.architecture": architecture, "general.name": "made-up",
+            f"{p}context_length": context_length, f"{p}embedding_length": d_model, f"{p}block_count": num_layers,
+            f"{p}feed_forward_length": d_ff, f"{p}attention.head_count": num_heads,
+            f"{p}attention.head_count_kv": num_kv_heads, f"{p}rope.freq_base": theta,
+            f"{p}attention.layer_norm_rms_epsilon": eps, "tokenizer.ggml.model": "gpt2",
+            "tokenizer.ggml.tokens": [f"t{i}" for i in range(vocab)], "tokenizer.ggml.token_type": [1] * vocab,
+            "tokenizer.ggml.merges": [f"t {i}" for i in range(merges)]}
+
+
+def _tensor_names(num_layers: int, tied: bool) -> list[str]:
+    names = ["token_embd.weight", "output_norm.weight"] + ([] if tied else ["output.weight"])
+    return names + [f"blk.{i}.{part}.weight" for i in range(num_layers) for part in
+                    ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
+                     "ffn_down")]
+
+
+CONFIG_CASES = [  # (metadata's sizes, tied)
+    (dict(), True),
+    (dict(vocab=260, merges=3, context_length=40, d_model=32, num_layers=2, num_heads=8, num_kv_heads=4, d_ff=96,
+          theta=20000.0, eps=3e-5), False),
+]
+
+
+def _expected_config(sizes: dict, tied: bool) -> dict:
+    s = {**dict(vocab=300, context_length=96, d_model=48, num_layers=3, num_heads=6, num_kv_heads=2, d_ff=160,
+                theta=50000.0, eps=1e-6), **sizes}
+    return dict(vocab_size=s["vocab"], context_length=s["context_length"], d_model=s["d_model"],
+                num_layers=s["num_layers"], num_heads=s["num_heads"], d_ff=s["d_ff"], rope_theta=s["theta"],
+                num_kv_heads=s["num_kv_heads"], norm_eps=s["eps"], tie_embeddings=tied)
+
+
+_CONFIG_FIX = "read each size from the metadata's llama.* key (CONFIG_KEYS in the notebook's table)"
+
+
+def check_model_config(model_config: Callable[[dict, list[str]], dict]) -> None:
+    """Check ``model_config(metadata, tensor_names)``: TransformerLM's keyword arguments from a llama file's metadata
+    (made-up sizes, two cases: tied and untied), and a ValueError naming the architecture for another one.
+
+    Mistakes it recognises: num_heads and num_kv_heads swapped; d_model and d_ff swapped; tie_embeddings inverted, or
+    always False; vocab_size read from llama.vocab_size (not in every file) or counted from the merges; rope_theta or
+    norm_eps not read (left at TransformerLM's defaults) or missing; another architecture accepted, refused with
+    another error, or refused without its name.
+    """
+    outs = []
+    for sizes, tied in CONFIG_CASES:
+        metadata = fake_metadata(**sizes)
+        names = _tensor_names(metadata["llama.block_count"], tied)
+        what = f"model_config(metadata, tensor_names) on a made-up {'tied' if tied else 'untied'} file"
+        out, error = attempt(what, model_config, dict(metadata), list(names))
+        if isinstance(error, KeyError) and "vocab_size" in str(error):
+            fail(f"{what} raised KeyError {error}: it reads the vocabulary's size from a key not every file has",
+                 "the vocabulary is the list tokenizer.ggml.tokens: vocab_size is its length")
+        if error is not None:
+            crashed(what, error)
+        if not isinstance(out, dict):
+            fail(f"{what} returned {describe(out)}, not a dict", "return TransformerLM's keyword arguments as a dict, "
+                 "so that TransformerLM(**config) builds the model")
+        outs.append((out, _expected_config(sizes, tied), metadata, what))
+    for out, expected, metadata, what in outs:
+        missing, extra = sorted(set(expected) - set(out)), sorted(set(out) - set(expected))
+        if "norm_eps" in missing or "rope_theta" in missing:
+            key = "norm_eps" if "norm_eps" in missing else "rope_theta"
+            fail(f"{what} has no {key}: the model would use TransformerLM's default instead of the file's "
+                 f"{CONFIG_KEYS[key]}", "read it from the metadata too: a model runs well only with the numbers it "
+                 "was trained with")
+        if missing or extra:
+            fail(f"{what} returned the keys {sorted(out)}, not TransformerLM's keyword arguments",
+                 "return exactly " + ", ".join(expected), f"missing: {missing}, unexpected: {extra}")
+    untied = [out["tie_embeddings"] for out, expected, _, _ in outs if not expected["tie_embeddings"]]
+    tied = [out["tie_embeddings"] for out, expected, _, _ in outs if expected["tie_embeddings"]]
+    if all(untied) and not any(tied):
+        fail("tie_embeddings is inverted: it is True when the file has output.weight", "a file without output.weight "
+             "ties the embeddings (the output layer reads the embedding matrix): tie exactly when 'output.weight' "
+             "is not among the tensor names")
+    if not any(tied):
+        fail("tie_embeddings is False for a file without output.weight", "with no output matrix in the file the "
+             "output layer reads the embedding matrix: tie exactly when 'output.weight' is not among the tensor names")
+    if any(untied):
+        fail("tie_embeddings is True for a file that has output.weight", "tie only when the file has no output "
+             "matrix, when 'output.weight' is not among the tensor names")
+    for out, expected, metadata, what in outs:
+        if out == expected:
+            continue
+        if (out["num_heads"], out["num_kv_heads"]) == (expected["num_kv_heads"], expected["num_heads"]):
+            fail("num_heads and num_kv_heads are swapped", "attention.head_count is the number of query heads "
+                 "(num_heads), attention.head_count_kv the fewer key/value heads that groups of them share")
+        if (out["d_model"], out["d_ff"]) == (expected["d_ff"], expected["d_model"]):
+            fail("d_model and d_ff are swapped", "embedding_length is the width of the residual stream (d_model), "
+                 "feed_forward_length the SwiGLU's hidden width (d_ff)")
+        if out["vocab_size"] == len(metadata["tokenizer.ggml.merges"]):
+            fail("vocab_size is the number of merges", "the vocabulary is the list tokenizer.ggml.tokens (the "
+                 "bytes, the merged tokens and the special tokens): vocab_size is its length")
+        for key, default in (("rope_theta", 10000.0), ("norm_eps", 1e-5)):
+            if out[key] != expected[key] and out[key] == default:
+                fail(f"{key} is {default}, TransformerLM's default, not the file's", f"read it from "
+                     f"{CONFIG_KEYS[key]}: a model runs well only with the numbers it was trained with")
+        key = next(k for k in expected if out[k] != expected[k])
+        fail(f"{what}: {key} is {out[key]!r}, expected {expected[key]!r}", f"{key} is {CONFIG_KEYS[key]}")
+    _check_other_architecture(model_config)
+    passed("model_config: TransformerLM's sizes from the llama.* keys, vocab_size from the tokens, tied embeddings "
+           "exactly when the file has no output.weight; another architecture refused by name")
+
+
+def _check_other_architecture(model_config: Callable[[dict, list[str]], dict]) -> None:
+    metadata = fake_metadata("qwen2")
+    what = "model_config(metadata, tensor_names) on a made-up file whose general.architecture is 'qwen2'"
+    out, error = attempt(what, model_config, metadata, _tensor_names(3, True))
+    if error is None:
+        fail(f"{what} returned a configuration: another architecture is accepted", "raise ValueError when "
+             "general.architecture is not 'llama': another architecture has other parts (biases, another norm, …) "
+             "and this TransformerLM would compute something else with its numbers")
+    if not isinstance(error, ValueError):
+        fail(f"{what} raised {type(error).__name__} ({str(error).strip()[:80]}), not ValueError",
+             "check general.architecture first and raise ValueError when it is not 'llama'")
+    if "qwen2" not in str(error):
+        fail(f"{what} raised ValueError without naming the architecture ({str(error).strip()[:80]})",
+             "say which architecture the file has (general.architecture) and that 'llama' is what it reads")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Step 2 · dequantizing Q8_0 and Q4_1
+# ---------------------------------------------------------------------------------------------------------
+
+def _f16(two_bytes: torch.Tensor) -> torch.Tensor:
+    return two_bytes.contiguous().view(torch.float16).float()
+
+
+def q8_0_variant(blocks: torch.Tensor, mistake: str | None = None) -> torch.Tensor:
+    """Q8_0 dequantized (d·q) with a named mistake."""
+    b = blocks.reshape(-1, 34)
+    d, q = _f16(b[:, :2]), b[:, 2:].contiguous().view(torch.int8).float()
+    if mistake == "unsigned":
+        q = b[:, 2:].float()
+    elif mistake == "scale_int":
+        d = b[:, :2].contiguous().view(torch.int16).float()
+    elif mistake == "big_endian":
+        d = _f16(b[:, :2].flip(-1))
+    elif mistake == "scale_at_end":
+        d, q = _f16(b[:, 32:]), b[:, :32].contiguous().view(torch.int8).float()
+    elif mistake == "one_scale":
+        d = d[:1].expand_as(d)
+    return (d * q).reshape(*blocks.shape[:-1], -1)
+
+
+def q4_1_variant(blocks: torch.Tensor, mistake: str | None = None) -> torch.Tensor:
+    """Q4_1 dequantized (d·q + m) with a named mistake."""
+    b = blocks.reshape(-1, 20)
+    d, m, qs = _f16(b[:, 0:2]), _f16(b[:, 2:4]), b[:, 4:]
+    low, high = qs & 0x0F, qs >> 4
+    q = torch.cat([low, high], dim=1)
+    if mistake == "interleaved":
+        q = torch.stack([low, high], dim=-1).reshape(-1, 32)
+    elif mistake == "high_first":
+        q = torch.cat([high, low], dim=1)
+    elif mistake == "scale_int":
+        d, m = b[:, 0:2].contiguous().view(torch.int16).float(), b[:, 2:4].contiguous().view(torch.int16).float()
+    elif mistake == "big_endian":
+        d, m = _f16(b[:, 0:2].flip(-1)), _f16(b[:, 2:4].flip(-1))
+    elif mistake == "d_m_swapped":
+        d, m = m, d
+    elif mistake == "one_scale":
+        d, m = d[:1].expand_as(d), m[:1].expand_as(m)
+    q = q.float()
+    if mistake == "offset":
+        q = q - 8
+    out = {"no_min": d * q, "min_multiplied": d * q * m}.get(mistake, d * q + m)
+    return out.reshape(*blocks.shape[:-1], -1)
+
+
+_SCALE_INT = ("the scale is read as an integer: its two bytes are a float16 (sign, exponent, mantissa)",
+              "view the two bytes as torch.float16 (then .float()), not as an integer")
+_BIG_ENDIAN = ("the scale's two bytes are read in the wrong order", "GGUF is little-endian: the low byte comes first, "
+               "exactly what .view(torch.float16) on the two bytes reads")
+Q8_0_MISTAKES = {
+    "unsigned": ("q is read as unsigned (uint8): Q8_0's 32 values are signed bytes, -128 … 127",
+                 "view those 32 bytes as torch.int8, so that a byte above 127 is a negative q"),
+    "scale_int": _SCALE_INT,
+    "big_endian": _BIG_ENDIAN,
+    "scale_at_end": ("the scale is read from the end of the block", "a Q8_0 block is the float16 scale d (bytes "
+                     "0–1) then the 32 int8 values q (bytes 2–33)"),
+    "one_scale": ("every block uses the first block's scale", "each 34-byte block has its own scale d: reshape to "
+                  "(-1, 34) and take the scale of every row"),
+}
+Q4_1_MISTAKES = {
+    "interleaved": ("the nibbles are interleaved (low, high, low, high, …)", "byte j's low nibble is weight j and "
+                    "its high nibble weight j + 16: all 16 low nibbles first, then all 16 high ones"),
+    "high_first": ("the high and low nibbles are swapped", "byte j's LOW nibble (& 0x0F) is weight j, its HIGH "
+                   "nibble (>> 4) weight j + 16"),
+    "no_min": ("the minimum m is forgotten", "Q4_1 stores 32 weights as d·q + m: q runs over 0 … 15, so m shifts "
+               "them down to the block's smallest weight"),
+    "min_multiplied": ("the minimum m is multiplied in, not added", "each weight is d·q + m: m is the block's "
+                       "smallest weight, added to the step d times q"),
+    "d_m_swapped": ("the scale d and the minimum m are swapped", "a Q4_1 block is d (bytes 0–1), then m (bytes "
+                    "2–3), then the 16 bytes of nibbles"),
+    "offset": ("q is shifted by 8 (q − 8), as in Q4_0", "Q4_1's q runs over 0 … 15 unshifted: its minimum m does "
+               "the shifting, d·q + m"),
+    "scale_int": _SCALE_INT,
+    "big_endian": _BIG_ENDIAN,
+    "one_scale": ("every block uses the first block's scale and minimum", "each 20-byte block has its own d and m: "
+                  "reshape to (-1, 20) and take them from every row"),
+}
+
+
+def _blocks_of(shape: tuple[int, ...], kind: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random weights of ``shape`` quantized by gguf.quants: the blocks (uint8) and their values, dequantized by
+    gguf.quants too (llama.cpp's own numpy code: an independent answer)."""
+    qtype = gguf.GGMLQuantizationType[kind]
+    rng = np.random.default_rng(seed)
+    weights = (rng.standard_normal(shape) * rng.uniform(0.01, 3.0, shape[:-1] + (1,))).astype(np.float32)
+    weights[..., :1] += rng.uniform(-2.0, 2.0, shape[:-1] + (1,)).astype(np.float32)  # blocks not centred on 0
+    blocks = gguf.quants.quantize(weights, qtype)
+    return torch.from_numpy(blocks.copy()), torch.from_numpy(gguf.quants.dequantize(blocks, qtype).copy())
+
+
+DEQUANT_SHAPES = [(3, 64), (2, 2, 32), (32,), (1, 96)]
+
+
+def _check_dequantize(fn: Callable[[torch.Tensor], torch.Tensor], kind: str, block: int, header: int,
+                      variant: Callable[[torch.Tensor, str], torch.Tensor], mistakes: dict[str, tuple[str, str]],
+                      layout: str) -> None:
+    name = f"dequantize_{kind.lower()}"
+    for seed, shape in enumerate(DEQUANT_SHAPES):
+        blocks, expected = _blocks_of(shape, kind, seed)
+        what = f"{name}(blocks of shape {tuple(blocks.shape)})"
+        out = expect_tensor(what, call(what, fn, blocks.clone()), fix=f"return the weights as a float32 tensor",
+                            returns="return the weights as a float32 tensor of shape (*rows, n)")
+        if out.dtype == torch.float16:
+            fail(f"{what} returned float16: the scale is float16, and d·q stays float16 unless it is converted",
+                 "convert the scale (and q) to float32 before multiplying: the model computes in float32")
+        if out.dtype != torch.float32:
+            fail(f"{what} returned {out.dtype}, expected torch.float32", "return float32 weights: convert the "
+                 "float16 scale with .float(), and q too")
+        nbytes = blocks.shape[-1]
+        if out.dim() == 1 and expected.dim() > 1 and out.numel() == expected.numel():
+            fail(f"{what} returned shape {tuple(out.shape)}, expected {tuple(expected.shape)}: the rows are lost",
+                 "keep the leading axes: the result has the blocks' shape with the last axis of bytes turned into "
+                 f"the weights, (*rows, n), n = 32 per {block} bytes")
+        if nbytes > block and tuple(out.shape) == (*blocks.shape[:-1], (nbytes - header) * (32 // (block - header))):
+            fail(f"{what} reads a whole row as one block: a row of {nbytes} bytes holds {nbytes // block} blocks",
+                 f"cut the bytes into blocks of {block} (reshape(-1, {block})): each block is {layout}")
+        if tuple(out.shape) != tuple(expected.shape):
+            fail(f"{what} returned shape {tuple(out.shape)}, expected {tuple(expected.shape)}", f"every {block} "
+                 f"bytes give 32 weights: (*rows, nbytes) -> (*rows, nbytes // {block} * 32)")
+        if torch.allclose(out, expected, rtol=1e-6, atol=1e-6):
+            continue
+        for mistake, (message, fix) in mistakes.items():
+            wrong = variant(blocks, mistake)
+            if not torch.allclose(wrong, expected, rtol=1e-6, atol=1e-6, equal_nan=True) and \
+                    torch.allclose(out, wrong, rtol=1e-6, atol=1e-6, equal_nan=True):
+                fail(message, fix, f"on {what}: yours matches that mistake")
+        worst = (out - expected).abs().nan_to_num(nan=float("inf")).max().item()
+        fail(f"{what} differs from llama.cpp's dequantization by up to {worst:.3g}", f"each block of {block} bytes is "
+             f"{layout}", f"the first weights: yours {out.flatten()[:4].tolist()}, expected "
+             f"{expected.flatten()[:4].tolist()}")
+
+
+def check_dequantize_q8_0(dequantize_q8_0: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Check ``dequantize_q8_0(blocks)``: uint8 blocks (*rows, nbytes) of 34 bytes, a little-endian float16 scale d
+    then 32 int8 q, to the float32 weights d·q, (*rows, nbytes // 34 * 32); against gguf.quants (llama.cpp's code) on
+    random rows of one to several blocks, and a lone block.
+
+    Mistakes it recognises: q read as unsigned; the scale read as an integer, with its bytes swapped, or from the end
+    of the block; one scale for every block; a whole row read as one block; the rows lost (a flat result); float16
+    (or another dtype) out.
+    """
+    _check_dequantize(dequantize_q8_0, "Q8_0", 34, 2, q8_0_variant, Q8_0_MISTAKES,
+                      "a float16 scale d (bytes 0–1) then 32 int8 values q: weights d·q")
+    passed("dequantize_q8_0: d·q with d the block's little-endian float16, q signed bytes; every block its own "
+           "scale; (*rows, n) float32, as llama.cpp's gguf.quants")
+
+
+def check_dequantize_q4_1(dequantize_q4_1: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Check ``dequantize_q4_1(blocks)``: uint8 blocks (*rows, nbytes) of 20 bytes, float16 d and m then 16 bytes of
+    nibbles (byte j: weight j in the low nibble, weight j + 16 in the high one), to the float32 weights d·q + m,
+    (*rows, nbytes // 20 * 32); against gguf.quants (llama.cpp's code).
+
+    Mistakes it recognises: the nibbles interleaved; high and low swapped; the minimum forgotten or multiplied; d and m
+    swapped; q shifted by 8 (Q4_0's offset); the scales read as integers or with their bytes swapped; one scale for
+    every block; a whole row read as one block; the rows lost; float16 (or another dtype) out.
+    """
+    _check_dequantize(dequantize_q4_1, "Q4_1", 20, 4, q4_1_variant, Q4_1_MISTAKES,
+                      "float16 d (bytes 0–1), float16 m (bytes 2–3), then 16 bytes whose low nibbles are weights "
+                      "0–15 and high nibbles weights 16–31: weights d·q + m")
+    passed("dequantize_q4_1: d·q + m, the low nibbles first then the high ones; every block its own d and m; "
+           "(*rows, n) float32, as llama.cpp's gguf.quants")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Step 3 · the tensors' names
+# ---------------------------------------------------------------------------------------------------------
+
+TOP_NAMES = {"token_embd.weight": "token_embeddings.weight", "output_norm.weight": "ln_final.weight",
+             "output.weight": "lm_head.weight"}
+BLOCK_NAMES = {"attn_norm": "ln1", "attn_q": "attn.q_proj", "attn_k": "attn.k_proj", "attn_v": "attn.v_proj",
+               "attn_output": "attn.output_proj", "ffn_norm": "ln2", "ffn_gate": "ffn.w1", "ffn_up": "ffn.w3",
+               "ffn_down": "ffn.w2"}
+BLOCK_NUMBERS = [0, 7, 12, 29, 104]
+UNKNOWN_NAMES = ["blk.3.attn_qkv.weight", "rope_freqs.weight", "blk.2.ffn_gate.bias"]
+
+
+def check_our_name(our_name: Callable[[str], str]) -> None:
+    """Check ``our_name(gguf_name)``: every llama GGUF tensor's name in TransformerLM's state dict (token_embd ->
+    token_embeddings, output_norm -> ln_final, output -> lm_head, blk.N.<part> -> layers.N.<part>, for blocks 0 to 104),
+    and ValueError for a name the model has no place for.
+
+    Mistakes it recognises: ffn_gate and ffn_up swapped (w1 and w3); ffn_down not w2; attn_norm and ffn_norm swapped
+    (ln1 and ln2); the block number cut to one digit, lost or fixed; a block number above 9 refused; '.weight' lost;
+    an unknown name passed through, or refused with another error than ValueError.
+    """
+    cases = dict(TOP_NAMES)
+    cases.update({f"blk.{n}.{part}.weight": f"layers.{n}.{ours}.weight" for n in BLOCK_NUMBERS
+                  for part, ours in BLOCK_NAMES.items()})
+    outs = {}
+    for name, expected in cases.items():
+        what = f"our_name({name!r})"
+        out, error = attempt(what, our_name, name)
+        if error is not None:
+            number = name.split(".")[1] if name.startswith("blk.") else ""
+            if isinstance(error, ValueError) and len(number) > 1:
+                fail(f"{what} refuses a block number above 9", "read the whole block number (every digit: blk.12 is "
+                     "block 12): SmolLM2 has 30 blocks")
+            crashed(what, error)
+        if not isinstance(out, str):
+            fail(f"{what} returned {describe(out)}, not a str", "return the name in TransformerLM's state dict")
+        outs[name] = out
+    for n in BLOCK_NUMBERS:
+        gate, up, down = (outs[f"blk.{n}.{p}.weight"] for p in ("ffn_gate", "ffn_up", "ffn_down"))
+        if (gate, up) == (f"layers.{n}.ffn.w3.weight", f"layers.{n}.ffn.w1.weight"):
+            fail("ffn_gate and ffn_up are swapped: the gate is w1", "SwiGLU is w2(silu(w1 x) ⊙ w3 x): the gate is "
+                 "the branch that goes through SiLU, w1; up is the plain branch, w3")
+        if down != f"layers.{n}.ffn.w2.weight" and down.endswith((".w1.weight", ".w3.weight")):
+            fail(f"ffn_down is named {down!r}: it is w2", "ffn_down brings the d_ff hidden values back to d_model: "
+                 "the outer w2 of w2(silu(w1 x) ⊙ w3 x)")
+        attn_norm, ffn_norm = outs[f"blk.{n}.attn_norm.weight"], outs[f"blk.{n}.ffn_norm.weight"]
+        if (attn_norm, ffn_norm) == (f"layers.{n}.ln2.weight", f"layers.{n}.ln1.weight"):
+            fail("attn_norm and ffn_norm are swapped: ln1 is the norm before attention",
+                 "the block is x + attn(ln1(x)), then y + ffn(ln2(y)): attn_norm is ln1, ffn_norm ln2")
+    for name, expected in cases.items():
+        out = outs[name]
+        if out == expected:
+            continue
+        if out == expected.removesuffix(".weight"):
+            fail(f"our_name({name!r}) returned {out!r}: '.weight' is lost", "a state dict names each parameter in "
+                 "full: the module's name then '.weight'")
+        if name.startswith("blk.") and out.startswith("layers.") and out.split(".")[1] != name.split(".")[1]:
+            fail(f"our_name({name!r}) returned {out!r}: the block number is cut, lost or fixed", "keep the block "
+                 "number, every digit of it: blk.N.… is layers.N.…")
+        fail(f"our_name({name!r}) returned {out!r}, not the name in TransformerLM's state dict", "map each part to "
+             "the module that holds that weight (CONTRACT.md's names): q_proj, k_proj, v_proj, output_proj, ln1, ln2, "
+             "w1, w2, w3, token_embeddings, ln_final, lm_head")
+    for name in UNKNOWN_NAMES:
+        what = f"our_name({name!r})"
+        out, error = attempt(what, our_name, name)
+        if error is None:
+            fail(f"{what} returned {out!r}: an unknown name passes through", "raise ValueError for a tensor the model "
+                 "has no place for, naming it: passed on, it would fail later, far from its cause, or be dropped")
+        if not isinstance(error, ValueError):
+            fail(f"{what} raised {type(error).__name__}, not ValueError", "raise ValueError naming the tensor for a "
+                 "name the model has no place for")
+    passed("our_name: every llama tensor's name in TransformerLM's state dict (gate w1, up w3, down w2; attn_norm ln1, "
+           "ffn_norm ln2; any block number), ValueError for an unknown one")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Step 4 · the tokenizer from the metadata
+# ---------------------------------------------------------------------------------------------------------
+
+SMOLLM_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""
+_MERGES = [(b" ", b"t"), (b"h", b"e"), (b" t", b"he"), (b"\xc3", b"\xa9"), (b"c", b"a"), (b"ca", b"f"),
+           (b"caf", b"\xc3\xa9"), (b"i", b"m"), (b"<", b"|"), (b"2", b"0"), (b" ", b"2"), (b"e", b"r"), (b"us", b"er"),
+           (b"u", b"s"), (b"\xe2\x82", b"\xac")]
+TOKENIZER_TEXTS = ["<|im_start|>user\nthe café costs 20€<|im_end|>\n", " the theme in 2024,  is 'caféé'",
+                   "<|tool call|>x<|café|>", "<|im_start|><|im_end|>", ""]
+
+
+def fake_tokenizer_metadata(seed: int = 0, pre: str = "smollm") -> dict:
+    """A byte-level BPE's metadata as a GGUF file holds it: control tokens as text (one with a space, one with é),
+    the 256 bytes in a shuffled order and the merged tokens, all written with GPT-2's byte-to-character map."""
+    char = bytes_to_unicode()
+    as_chars = lambda token: "".join(char[b] for b in token)  # noqa: E731
+    order = list(range(256))
+    random.Random(seed).shuffle(order)
+    byte_tokens = [as_chars(bytes([b])) for b in order]
+    merged = [as_chars(a + b) for a, b in _MERGES]
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *byte_tokens[:100], "<|café|>", *byte_tokens[100:],
+              *merged, "<|tool call|>"]
+    types = [3 if t.startswith("<|") and t.endswith("|>") and len(t) > 2 else 1 for t in tokens]
+    return {"general.architecture": "llama", "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
+            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.merges": [f"{as_chars(a)} {as_chars(b)}" for a, b in _MERGES],
+            "tokenizer.chat_template": "{% for message in messages %}{{ message['content'] }}{% endfor %}"}
+
+
+def _reference_tokenizer(metadata: dict, pattern: str = SMOLLM_PATTERN) -> Tokenizer:
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    tokens, types = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.token_type"]
+    vocab = {i: t.encode("utf-8") if kind == 3 else bytes(byte_of[c] for c in t)
+             for i, (t, kind) in enumerate(zip(tokens, types))}
+    merges = [tuple(bytes(byte_of[c] for c in part) for part in line.split(" "))
+              for line in metadata["tokenizer.ggml.merges"]]
+    special = [t for t, kind in zip(tokens, types) if kind == 3]
+    return Tokenizer(vocab, merges, special, pattern=pattern)
+
+
+def check_tokenizer_from_gguf(tokenizer_from_gguf: Callable[[dict], Any]) -> None:
+    """Check ``tokenizer_from_gguf(metadata)``: a Tokenizer from made-up metadata (the 256 bytes in a shuffled order,
+    merges of non-ASCII bytes, control tokens among the others, one with a space and one with é, the "smollm"
+    pre-tokenizer): ``.vocab`` (id i is token i of the file, as bytes), ``.merges``, the control tokens special, the
+    file's pattern, ``encode`` of a few texts, and ``chat_template`` kept.
+
+    Mistakes it recognises: tokens kept as their GPT-2 characters (not mapped back to bytes); control tokens put
+    through the byte map (a KeyError, or é's latin-1 byte); control tokens not special (split into pieces when
+    encoding); merges split at the wrong place, kept as characters or as str; ids renumbered (not the file's order);
+    GPT-2's pattern instead of PATTERNS[tokenizer.ggml.pre]; chat_template not kept.
+    """
+    metadata = fake_tokenizer_metadata()
+    reference = _reference_tokenizer(metadata)
+    what = "tokenizer_from_gguf(metadata) on a made-up vocabulary"
+    out, error = attempt(what, tokenizer_from_gguf, dict(metadata))
+    if isinstance(error, KeyError) and error.args and error.args[0] == " ":
+        fail("the control tokens go through the byte map: '<|tool call|>' has a space, which GPT-2's map never "
+             "writes (KeyError ' ')", "keep a control token (token_type 3) as its UTF-8 text, token.encode('utf-8'); "
+             "only the other tokens are written with GPT-2's characters")
+    if error is not None:
+        crashed(what, error)
+    vocab, merges = getattr(out, "vocab", None), getattr(out, "merges", None)
+    if not isinstance(vocab, dict) or not isinstance(merges, list):
+        fail(f"{what} returned {describe(out)}, not a Tokenizer", "build the course's Tokenizer(vocab, merges, "
+             "special_tokens, pattern=...)")
+    tokens, types = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.token_type"]
+    control = [i for i, kind in enumerate(types) if kind == 3]
+    if sorted(vocab) != sorted(reference.vocab) or sorted(vocab.values()) != sorted(reference.vocab.values()):
+        plain = [i for i in reference.vocab if i not in control]
+        if all(vocab.get(i) == tokens[i].encode("utf-8") for i in plain):
+            fail("the tokens are kept as their GPT-2 characters: 'Ġ' is the byte 0x20 (a space), written as a "
+                 "printable character", "map every character of a token back to its byte with the inverse of "
+                 "bytes_to_unicode(): the vocabulary holds bytes")
+        if any(vocab.get(i) == bytes(b for b in tokens[i].encode("latin-1")) != reference.vocab[i]
+               for i in control if tokens[i].isascii() is False):
+            fail("the control tokens go through the byte map: '<|café|>' comes out with é as the latin-1 byte 0xE9",
+                 "keep a control token (token_type 3) as its UTF-8 text, token.encode('utf-8'); only the other "
+                 "tokens are written with GPT-2's characters")
+    if vocab != reference.vocab:
+        if sorted(vocab.values()) == sorted(reference.vocab.values()):
+            fail("the ids are renumbered: token i of tokenizer.ggml.tokens must have id i", "keep the file's order "
+                 "(enumerate the tokens, control tokens included): the model's embedding rows follow it")
+        wrong = next(i for i in sorted(set(vocab) | set(reference.vocab)) if vocab.get(i) != reference.vocab.get(i))
+        fail(f"{what}: id {wrong} is {vocab.get(wrong)!r}, expected {reference.vocab.get(wrong)!r}",
+             "id i is token i of tokenizer.ggml.tokens, as bytes: a control token's UTF-8 text, any other token's "
+             "characters mapped back through GPT-2's byte map")
+    merges = [tuple(m) if isinstance(m, (list, tuple)) else m for m in merges]
+    if merges != reference.merges:
+        lines = metadata["tokenizer.ggml.merges"]
+        if merges == [tuple(part.encode("utf-8") for part in line.split(" ")) for line in lines]:
+            fail("the merges are kept as their GPT-2 characters", "map each half of a merge back to bytes, as the "
+                 "tokens: the merges hold pairs of bytes")
+        if any(isinstance(m, str) or isinstance(m, tuple) and any(isinstance(p, str) for p in m) for m in merges):
+            fail("the merges are str, not pairs of bytes", "cut each line at its space and map both halves back to "
+                 "bytes")
+        if len(merges) == len(lines) and all(isinstance(m, tuple) and len(m) == 2 and b"".join(m) == a + b
+                                             for m, (a, b) in zip(merges, reference.merges)):
+            fail("the merges are split at the wrong place", "each line is the two tokens separated by one space "
+                 "(GPT-2's characters never include a space: the space byte is written 'Ġ'): cut each line at its "
+                 "one space")
+        fail(f"{what}: the merges differ from the file's", "one merge per line of tokenizer.ggml.merges, in order, "
+             "as a pair of bytes", f"yours begin {short(merges[:4])}")
+    for text in TOKENIZER_TEXTS:
+        ids = call(f"encode({text!r})", out.encode, text)
+        expected = reference.encode(text)
+        if ids == expected:
+            continue
+        pieces = [reference.vocab.get(i, b"?") for i in ids] if isinstance(ids, list) else ids
+        if any(s in text for s in ("<|im_start|>", "<|im_end|>", "<|café|>")) and isinstance(ids, list) and \
+                not any(i in control for i in ids):
+            fail("the control tokens are not special: '<|im_start|>' is encoded as the pieces of its text",
+                 "pass the control tokens (token_type 3) to the Tokenizer as its special tokens, so that each is one "
+                 "id", f"encode({text!r}) gave {short(pieces)}")
+        if ids == _reference_tokenizer(metadata, GPT2_PATTERN).encode(text):
+            fail("the pre-tokenizer is GPT-2's, not the file's: tokenizer.ggml.pre is 'smollm', which cuts every "
+                 "digit alone", "give the Tokenizer the pattern that PATTERNS holds for the file's tokenizer.ggml.pre",
+                 f"encode({text!r}) gave {short(pieces)}")
+        fail(f"encode({text!r}) gave {short(ids)}, expected {short(expected)}", "build the Tokenizer from the "
+             "file's vocab, merges, control tokens and pattern")
+    if getattr(out, "chat_template", None) != metadata["tokenizer.chat_template"]:
+        fail("the tokenizer does not keep the file's chat template", "keep the metadata's tokenizer.chat_template "
+             "on the tokenizer, as its chat_template attribute: chat reads its default system prompt there")
+    passed("tokenizer_from_gguf: the file's ids, tokens mapped back to bytes through GPT-2's map, control tokens as "
+           "special tokens in UTF-8, merges as byte pairs, the file's pre-tokenizer, the chat template kept")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Step 5 · the ChatML prompt
+# ---------------------------------------------------------------------------------------------------------
+
+SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+SMOLLM2_TEMPLATE = (  # tokenizer.chat_template of SmolLM2-135M-Instruct.Q4_1.gguf (a test checks it is the file's)
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' "
+    "+ message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+PROMPT_CASES = [
+    ([{"role": "user", "content": "What is 2 + 2?"}], SMOLLM2_SYSTEM),
+    ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+      {"role": "user", "content": "Tell me a joke\nabout cats."}], "Be brief."),
+    ([{"role": "system", "content": "You speak French."}, {"role": "user", "content": "Bonjour"}], SMOLLM2_SYSTEM),
+    ([{"role": "user", "content": "No system prompt here"}], None),
+]
+
+
+def render_template(messages: list[dict], system: str | None) -> str:
+    """The independent answer: SmolLM2's Jinja template rendered by jinja2 (its default system prompt replaced by
+    ``system``; with None, the template without a system message)."""
+    import jinja2  # imported here: only this check needs it
+
+    if system is None:
+        template = SMOLLM2_TEMPLATE.replace(f"{{{{ '<|im_start|>system\n{SMOLLM2_SYSTEM}<|im_end|>\n' }}}}", "")
+    else:
+        template = SMOLLM2_TEMPLATE.replace(SMOLLM2_SYSTEM, system)
+    return jinja2.Template(template, keep_trailing_newline=True).render(messages=messages, add_generation_prompt=True)
+
+
+def prompt_variant(messages: list[dict], system: str | None, mistake: str) -> str:
+    """chat_prompt with a named mistake."""
+    if system is not None and (mistake == "system_always" or messages[0]["role"] != "system"):
+        messages = [{"role": "system", "content": system}, *messages]
+    if mistake == "system_none" and system is None:
+        messages = [{"role": "system", "content": "None"}, *messages]
+    end = "<|im_end|>" if mistake == "no_newline" else "<|im_end|>\n"
+    turn = (lambda m: f"<|im_start|>{m['content']}\n{m['role']}{end}") if mistake == "swapped" else \
+        (lambda m: f"<|im_start|>{m['role']}\n{m['content']}{end}")
+    tail = {"no_generation": "", "no_generation_newline": "<|im_start|>assistant"}.get(mistake,
+                                                                                      "<|im_start|>assistant\n")
+    return "".join(turn(m) for m in messages) + tail
+
+
+PROMPT_MISTAKES = {
+    "no_newline": ("there is no newline after <|im_end|>", "ChatML ends every message with <|im_end|> and a newline: "
+                   "<|im_start|>role\\ncontent<|im_end|>\\n"),
+    "no_generation": ("the prompt does not end with <|im_start|>assistant\\n", "end with the start of the reply, "
+                      "<|im_start|>assistant and a newline: the model then writes the assistant's turn"),
+    "no_generation_newline": ("the prompt ends with <|im_start|>assistant without its newline", "every turn's role "
+                              "is followed by a newline, the reply's too: <|im_start|>assistant\\n"),
+    "system_always": ("a system message is added even when the messages start with one", "add `system` only when "
+                      "messages[0]['role'] is not 'system': the conversation's own system prompt wins"),
+    "system_none": ("a system message is added when system is None", "with system=None add no system message"),
+    "swapped": ("the role and the content are swapped", "each message is <|im_start|>{role}\\n{content}<|im_end|>\\n"),
+}
+
+
+def check_chat_prompt(chat_prompt: Callable[..., str]) -> None:
+    """Check ``chat_prompt(messages, system=None)``: ChatML, each message <|im_start|>{role}\\n{content}<|im_end|>\\n,
+    a system message first when ``system`` is given and the messages start without one, then <|im_start|>assistant\\n;
+    against SmolLM2's own Jinja template rendered by jinja2; ValueError for an empty list.
+
+    Mistakes it recognises: no newline after <|im_end|>; no generation prompt, or one without its newline; a system
+    message added although the messages start with one, or when system is None; role and content swapped; an empty
+    list accepted.
+    """
+    for messages, system in PROMPT_CASES:
+        what = f"chat_prompt({short(messages, 90)}, system={short(system, 40)})"
+        out = call(what, chat_prompt, [dict(m) for m in messages], system)
+        if not isinstance(out, str):
+            fail(f"{what} returned {describe(out)}, not a str", "return the prompt's text")
+        expected = render_template(messages, system)
+        if out == expected:
+            continue
+        for mistake, (message, fix) in PROMPT_MISTAKES.items():
+            wrong = prompt_variant(messages, system, mistake)
+            if wrong != expected and out == wrong:
+                fail(message, fix, f"on {what}: yours matches that mistake")
+        fail(f"{what} returned {short(out)}, not the template's prompt", "write each message as <|im_start|>{role}"
+             "\\n{content}<|im_end|>\\n, a system message first if needed, then <|im_start|>assistant\\n",
+             f"expected {short(expected)}")
+    what = "chat_prompt([])"
+    out, error = attempt(what, chat_prompt, [])
+    if error is None:
+        fail(f"{what} returned {short(out)}: an empty conversation is accepted", "raise ValueError for an empty list: "
+             "there is nothing to reply to")
+    if not isinstance(error, ValueError):
+        fail(f"{what} raised {type(error).__name__}, not ValueError", "check the list first and raise ValueError when "
+             "it is empty")
+    passed("chat_prompt: ChatML as SmolLM2's template writes it (newline after each <|im_end|>, the system message "
+           "only where needed, <|im_start|>assistant\\n to end); ValueError for no messages")
