@@ -17,7 +17,7 @@ import nbformat
 import pytest
 
 from transformer_from_scratch._project import repo_root
-from transformer_from_scratch.nbtools import site, slides, web
+from transformer_from_scratch.nbtools import site, slides, student, web
 
 REPO = repo_root()
 NOTEBOOKS = web.notebooks()
@@ -95,7 +95,8 @@ def test_slides_follow_the_notebook_structure(notebook):
           for line in cell.source.splitlines() if line.startswith("## ")]
     starts = [cell.source.splitlines()[0] for cell in cells if _slide_type(cell) == "slide"]
     lecture = [line for line in h2 if line not in slides.SKIPPED_SECTIONS + slides.APPENDIX_SECTIONS]
-    assert [line for line in starts if line.startswith("## ") and slides.APPENDIX_PREFIX not in line] == lecture, \
+    assert [line for line in starts if line.startswith("## ") and slides.APPENDIX_PREFIX not in line
+            and not line.startswith(f"## {slides.PART_TWO}")] == lecture, \
         "each ## section (but Setup and the appendix's) starts a slide, in the notebook's order"
     if any(line in slides.APPENDIX_SECTIONS for line in h2):
         assert starts[-1].startswith(f"## {slides.APPENDIX_PREFIX}"), "Verify moves to an appendix after the recap"
@@ -232,7 +233,8 @@ def test_a_new_notebook_gets_its_deck_for_free(tmp_path):
         md("Here is the result of a long computation:"), code(long_code, outputs=[printed]),
         md("## See it"), code("plot()", outputs=[figure]), code("interactive_figure(draw)", outputs=[widget, figure]),
         md("## Exercises\n\nTry each one before you open its hints; answers sit in collapsed blocks.\n\n"
-           "**1. Predict** · ★☆☆ · 3 min. What happens?\n\n<details><summary>Answer</summary>\n\n"
+           "**1. Predict** · ★☆☆ · 3 min. What happens?\n\n<details><summary>Hint</summary>\n\nThink.\n\n</details>"
+           "\n\n<details><summary>Answer</summary>\n\n"
            "It drops.\n\n</details>"),
         code("### BEGIN SOLUTION\nanswer = 1\n### END SOLUTION"),
         md("## Recap and next\n\n* It drops."),
@@ -245,7 +247,11 @@ def test_a_new_notebook_gets_its_deck_for_free(tmp_path):
     assert ("slide", "## Exercises") in types and ("slide", "## Recap and next") in types
     assert any(line == "### A second idea" for _, line in types)
     assert any(line == "### Exercise 1. Predict · ★☆☆ · 3 min" for _, line in types)
-    assert ("notes", "**Answer**") in types
+    assert ("notes", "**Hint**") in types and ("notes", "**Answer**") not in types, \
+        "a published deck's notes hold the hints, not the answers"
+    instructor = [(_slide_type(cell), cell.source.splitlines()[0] if cell.source else "")
+                  for cell in _derive(path, solutions=True)]
+    assert ("notes", "**Answer**") in instructor, "the instructor's deck keeps the answers in its notes"
     text = "\n".join(cell.source for cell in cells)
     assert "import torch" not in text and "BEGIN SOLUTION" not in text
     assert "The cell after it" not in text and "collapsed" not in text, "notebook-only sentences are left out"
@@ -332,7 +338,8 @@ def test_smallest_font_follows_the_calls():
     assert slides.smallest_font_pt("bars(ax)", functions) == slides.DEFAULT_FONT_PT
     assert slides.smallest_font_pt("bars(ax, labelled=True)", functions) == 7
     assert slides.smallest_font_pt("bars(ax)\nbars(ax, labelled=True)", functions) == 7
-    assert slides.smallest_font_pt("ax.legend(fontsize='small')", {}) == pytest.approx(8.33, abs=0.01)
+    assert slides.DEFAULT_FONT_PT == 12.0, "the course style's font.size (nbtools/course.mplstyle)"
+    assert slides.smallest_font_pt("ax.legend(fontsize='small')", {}) == pytest.approx(12 * 0.833, abs=0.01)
 
 
 def test_panels_are_found_between_colorbars_and_labels():
@@ -422,10 +429,56 @@ def test_the_default_site_shows_no_solution(notebook):
     assert [a for a in answers if a.splitlines()[0] in text] == [], "the output of a solution cell"
     if web.has_solution("".join(c.source for c in nb.cells if c.cell_type == "code")):
         assert "YOUR CODE HERE" in text, "the student edition's stubs"
+    exercises = _exercise_outputs(nb)
+    assert [line for line in exercises if line in text] == [], "what an exercise's cell printed (a self-check's value)"
+    given = _answers(nb)
+    assert "<summary>Answer" not in student and [a for a in given if a in text] == [], "an exercise's answer"
     instructor = site.notebook_page(page, site.pages(), solutions=True)
     itext = htmllib.unescape(re.sub(r"<[^>]+>", "", instructor))
     assert web.SOLUTION_BEGIN not in itext and all(line in _lines(itext) for line in secret)
     assert "course-solutions-banner" in instructor and "Instructor's edition" in itext
+    assert instructor.count("<summary>Answer") == len(given) and all(line in itext for line in exercises), \
+        "the instructor's page keeps them"
+
+
+def _answers(nb) -> list[str]:
+    """The first sentence-long line of every exercise's collapsed answer, as the page renders it (Markdown aside)."""
+    found = []
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        for block in re.findall(r"<summary>\s*Answer.*?</summary>(.*?)</details>", cell.source, re.DOTALL):
+            line = next(line for line in block.strip().splitlines() if line.strip())
+            words = re.sub(r"[`*_$\\]", "", line).split()
+            found.append(" ".join(words[:5]))
+    return found
+
+
+def _exercise_outputs(nb) -> list[str]:
+    """Each line over 20 characters that a cell of ## Exercises printed, but for a fixed message in its code."""
+    lines, section = [], ""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            section = next((ln.strip() for ln in reversed(cell.source.splitlines()) if ln.startswith("## ")), section)
+        elif section == "## Exercises":
+            lines += [ln.strip() for o in cell.outputs if o.output_type == "stream" for ln in o.text.splitlines()
+                      if len(ln.strip()) > 20 and ln.strip() not in cell.source]  # a fixed message is no answer
+    return lines
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_answer_in_a_published_deck_or_student_notebook(notebook):
+    """The default decks' speaker notes and the site's student notebook hold no exercise's answer; the instructor's
+    decks and `make student`'s notebooks (a learner's own copy, for self-study) keep them."""
+    nb = nbformat.read(notebook, as_version=4)
+    if not _answers(nb):
+        pytest.skip("no collapsed answer in this notebook")
+    notes = "\n".join(c.source for c in _derive(notebook) if _slide_type(c) == "notes")
+    assert "**Answer**" not in notes
+    assert "**Answer**" in "\n".join(c.source for c in _derive(notebook, solutions=True) if _slide_type(c) == "notes")
+    published = student.student_notebook(notebook, answers=False)
+    assert "<summary>Answer" not in published and "<summary>Hint" in published, "the hints stay"
+    assert "<summary>Answer" in student.student_notebook(notebook)
 
 
 def test_every_notebook_page_links_previous_index_next_its_deck_and_student_notebook():
@@ -489,25 +542,54 @@ def test_the_landing_page_is_for_learners():
     assert set(local) <= known | {"data:,"}, "no link to a page the site does not have"
 
 
-# README's and the site's promise to lecturers: a deck's lecture (the slides before the appendix) is 23 to 36 slides,
-# and the three longest decks make two sessions of at most 36, the second starting at "## See it".
-LECTURE_SLIDES = (23, 36)
-TWO_SESSIONS = {"08_multihead_attention", "10_transformer_lm", "11_training"}
+# README's and the site's promise to lecturers: a lecture (the slides before the appendix) is at most
+# slides.LECTURE_MAX slides; a deck with more is two lectures, the second opening on a "Part 2 · …" slide before
+# "## See it" that says what part 1 built. LECTURE_MIN is the shortest today (08's part 2; README gives the counts).
+LECTURE_MIN = 19
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_a_lecture_fits_a_session(notebook):
-    pages = _pages(_derive(notebook))
+    cells = _derive(notebook)
+    pages = _pages(cells)
     starts = [page[0].source.splitlines()[0] if page else "" for page in pages]
-    lecture = next(i for i, line in enumerate(starts) if line.startswith(f"## {slides.APPENDIX_PREFIX}"))
-    low, high = LECTURE_SLIDES
-    if notebook.stem in TWO_SESSIONS:
-        second = starts.index("## See it")
-        sessions = [second, lecture - second]
+    lecture = slides.lecture_slides(cells)
+    assert lecture == next(i for i, line in enumerate(starts) if line.startswith(f"## {slides.APPENDIX_PREFIX}"))
+    parts = [i for i, line in enumerate(starts) if line.startswith(f"## {slides.PART_TWO}")]
+    sessions = [parts[0], lecture - parts[0]] if parts else [lecture]
+    assert all(LECTURE_MIN <= n <= slides.LECTURE_MAX for n in sessions), \
+        f"{notebook.stem}: lecture slides per session {sessions}, the promise is {LECTURE_MIN} to {slides.LECTURE_MAX}"
+    if parts:
+        assert len(parts) == 1 and starts[parts[0] + 1] == slides.PART_TWO_BEFORE, "part 2 opens before See it"
+        text = pages[parts[0]][0].source
+        assert "**Part 1** built it" in text and "Step" not in text.split("\n", 1)[0]
     else:
-        sessions = [lecture]
-    assert all(n <= high for n in sessions) and sum(sessions) >= low, \
-        f"{notebook.stem}: lecture slides per session {sessions}, the promise is {low} to {high}"
+        assert lecture <= slides.LECTURE_MAX
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_pitfalls_take_one_or_two_slides(notebook):
+    """A lecture's Pitfalls fill at most two slides; when they would take more, one slide lists them and the appendix
+    holds them in full, each with what it does."""
+    cells = _derive(notebook)
+    pages = _pages(cells)
+    starts = [page[0].source.splitlines()[0] if page else "" for page in pages]
+    lecture = slides.lecture_slides(cells)
+    at = starts.index(slides.PITFALLS)
+    after = next(i for i in range(at + 1, len(starts)) if starts[i].startswith("## "))
+    assert after - at <= slides.PITFALL_PAGES
+    source = nbformat.read(notebook, as_version=4)
+    named, section = [], ""
+    for line in (line for c in source.cells if c.cell_type == "markdown" for line in c.source.splitlines()):
+        section = line if line.startswith("## ") else section
+        if section == slides.PITFALLS and re.match(r"### \d+\. ", line):
+            named.append(line[4:])
+    assert named, "the notebook's pitfalls, each a ### heading"
+    shown = "\n".join(cell.source for page in pages[at:after] for cell in page)
+    assert all(re.sub(r"^\d+\. ", "", name) in shown for name in named), "every pitfall is named in the lecture"
+    appendix = "\n".join(cell.source for page in pages[lecture:] for cell in page)
+    if "### 1." not in shown:
+        assert all(f"### {name}" in appendix for name in named), "the appendix holds every pitfall in full"
 
 
 # Issue 30: a deck speaks to a room
@@ -671,3 +753,17 @@ def test_the_student_notebook_link_says_how_to_get_it_from_disk():
     assert "Save link as" in box and f"{site.STUDENT_DIR}/{page.notebook.name}" in box
     nav = site.navigation(page, site.pages(), "top")
     assert re.search(rf'<a href="{site.STUDENT_DIR}/{page.notebook.name}" title="[^"]*Save link as[^"]*" download>', nav)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_notebook_draws_in_the_course_style(notebook):
+    """The figures' text size the decks rely on (slides.DEFAULT_FONT_PT) is the one the notebooks draw with: every
+    notebook's Setup applies the course's style, and the style ships with the package."""
+    nb = nbformat.read(notebook, as_version=4)
+    setup = next(cell.source for cell in nb.cells if cell.cell_type == "code" and "%load_ext" in cell.source)
+    assert 'plt.style.use("transformer_from_scratch.nbtools.course")' in setup
+    assert "course.mplstyle" in (REPO / "pyproject.toml").read_text(encoding="utf-8"), "package data"
+    import matplotlib
+
+    with matplotlib.style.context("transformer_from_scratch.nbtools.course"):
+        assert matplotlib.rcParams["font.size"] == slides.DEFAULT_FONT_PT

@@ -31,8 +31,9 @@ def heatmap(
         raise ValueError(f"heatmap draws a 2-D matrix, got shape {tuple(matrix.shape)}")
     values = matrix.detach().float().cpu()
     image = ax.imshow(values.numpy(), cmap=cmap, vmin=vmin, vmax=vmax)
-    if xticklabels is not None:
-        ax.set_xticks(range(len(xticklabels)), xticklabels)
+    if xticklabels is not None:  # words stand upright in their columns rather than run into each other
+        upright = max((len(str(label)) for label in xticklabels), default=0) > 2
+        ax.set_xticks(range(len(xticklabels)), xticklabels, rotation=90 if upright else 0)
     if yticklabels is not None:
         ax.set_yticks(range(len(yticklabels)), yticklabels)
     ax.set_xlabel(xlabel)

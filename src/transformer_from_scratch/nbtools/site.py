@@ -12,15 +12,17 @@ folder with any static server):
   instructor's build (``SOLUTIONS=1``).
 * ``NN_x.html``: each notebook's page. By default it is the **student edition**, what ``make student`` gives the
   learner: every solution region is the stub the learner fills in (``# YOUR CODE HERE``), no solution code and no
-  solution marker anywhere, and the outputs of the cells that held a solution are left out; every other output
-  (figures, printed results, the widgets' default figures) is the guided notebook's, so the page still shows what
-  the finished code does. With ``--solutions`` (``make site SOLUTIONS=1``) it is the instructor's edition: the
+  solution marker anywhere, and no answer to an exercise: the outputs of the cells that held a solution and of
+  every cell of ``## Exercises`` (a self-check prints what the answer gives) are left out, and so are the exercises'
+  collapsed answers; every other output (figures, printed results, the widgets' default figures) is the guided
+  notebook's, so the page still shows what the finished code does. With ``--solutions`` (``make site SOLUTIONS=1``) it is the instructor's edition: the
   guided notebook with its solutions, the marker lines removed, and a banner on every page saying so.
   Each page says how to run the notebook (clone, ``make workshop``), links its deck, its student notebook for
   download, and previous · index · next.
-* ``NN_x.slides.html``: each notebook's deck (``nbtools/slides.py``), with the solutions in the speaker notes only
-  in the instructor's edition.
-* ``student/NN_x.ipynb``: each notebook's student edition (what ``make student`` writes to ``notebooks/student/``).
+* ``NN_x.slides.html``: each notebook's deck (``nbtools/slides.py``), with the solutions and the exercises' answers
+  in the speaker notes only in the instructor's edition.
+* ``student/NN_x.ipynb``: each notebook's student edition (what ``make student`` writes to ``notebooks/student/``),
+  without the exercises' collapsed answers except in the instructor's edition.
 * ``images/`` (the diagrams) and ``assets/`` (MathJax, reveal.js, ``notebook.css``, the site's and the decks' CSS).
 
 The repository's address on the pages comes from one setting: ``--repository`` (``make site REPOSITORY=…``), else
@@ -58,6 +60,7 @@ LANDING = TEMPLATES / "site" / "index.md"
 LECTURERS = TEMPLATES / "site" / "lecturers.md"
 REPOSITORY_VARIABLE = "COURSE_REPOSITORY"
 STUDENT_NOTE_ID = "student-edition-note"  # the note nbtools/student.py puts under the title
+EXERCISES = "## Exercises"  # the section whose outputs and collapsed answers a published page leaves out
 
 
 def is_remote(url: str) -> bool:
@@ -117,7 +120,9 @@ def exporter() -> HTMLExporter:
 
 def student_page_notebook(path: Path) -> nbformat.NotebookNode:
     """The notebook a default page shows: the guided notebook's Markdown and outputs with the student edition's
-    code (``nbtools.student``), and no output for a cell that held a solution (it would show the answer)."""
+    code (``nbtools.student``), without what would give an answer away: the output of a cell that held a solution,
+    every output of ``## Exercises`` (a self-check prints what the learner's answer gives) and the exercises'
+    collapsed answers."""
     from .student import GUIDED_ONLY, student_notebook  # nbgrader is slow to import; only the site needs it here
 
     guided = nbformat.read(path, as_version=4)
@@ -126,13 +131,19 @@ def student_page_notebook(path: Path) -> nbformat.NotebookNode:
     by_id = {cell.get("id"): cell for cell in student.cells if cell.get("id") != STUDENT_NOTE_ID}
     same_ids = all(cell.get("id") in by_id for cell in guided.cells)
     fallback = [cell for cell in student.cells if cell.get("id") != STUDENT_NOTE_ID]
+    section = ""
     for index, cell in enumerate(guided.cells):
+        if cell.cell_type == "markdown":
+            cell.source = web.without_answers(cell.source)
+            section = next((line.strip() for line in reversed(cell.source.splitlines()) if line.startswith("## ")),
+                           section)
+            continue
         if cell.cell_type != "code":
             continue
         twin = by_id[cell.get("id")] if same_ids else (fallback[index] if index < len(fallback) else None)
         if twin is None or twin.cell_type != "code":
             raise ValueError(f"{path.name}: the student edition's cells do not match the guided notebook's")
-        if web.has_solution(cell.source):
+        if web.has_solution(cell.source) or section == EXERCISES:
             cell.outputs = []
             cell.execution_count = None
         cell.source = twin.source
@@ -312,7 +323,8 @@ def build(out: Path = DEFAULT_OUT, notebooks: list[Path] | None = None, landing:
     for page in chosen:
         (out / f"{page.stem}.html").write_text(notebook_page(page, all_pages, html_exporter, solutions, repository),
                                                encoding="utf-8")
-        (out / STUDENT_DIR / page.notebook.name).write_text(student_notebook(page.notebook), encoding="utf-8")
+        (out / STUDENT_DIR / page.notebook.name).write_text(student_notebook(page.notebook, answers=solutions),
+                                                            encoding="utf-8")
         written.append(out / f"{page.stem}.html")
     if decks:
         slides.build([page.notebook for page in chosen], out, solutions)

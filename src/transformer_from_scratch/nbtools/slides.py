@@ -19,12 +19,14 @@ follows and sets ``metadata.slideshow.slide_type`` on a copy (the notebook file 
 * Every result stays. A code cell is shown with its output when it has at most ``CODE_LINES`` lines; a longer
   one shows its output only (text, table or figure). Printed output is cut at ``OUTPUT_LINES`` lines, saying how
   much is left out.
-* Figures are sized for the room: the smallest text drawn in a figure (read from the code that drew it:
-  matplotlib's 10 pt, or a ``fontsize`` it sets) is at least ``MIN_TEXT_PX`` canvas pixels, up to 1.5 times the
-  saved size. A figure whose panels do not fit side by side at that size is cut into its panels (found by the
-  white columns between them) and shown as rows, one sub-slide each when need be. A figure's code, when shown,
+* Figures are sized for the room: the smallest text drawn in a figure (read from the code that drew it: the
+  course style's 12 pt, or a ``fontsize`` it sets) is ``MIN_TEXT_PX`` canvas pixels where the slide has room, up to
+  1.5 times the saved size, and never below ``FLOOR_TEXT_PX`` (16). A figure whose panels do not fit side by side at
+  the floor is cut into its panels (found by the white columns between them) and shown as rows, one sub-slide each
+  when need be. A figure's code, when shown,
   comes first, then its figure (one key press each), below it or in its place.
-* Left out: the ``## Setup`` section (imports, seeds), the export cell and the sentence that introduces it,
+* Left out: the ``## Setup`` section (imports, seeds), the code of ``## Pitfalls`` (its outputs stay: what the
+  mistake does), the export cell and the sentence that introduces it,
   the code of ``## Exercises`` (solutions, self-checks), a long definition with no output (unless the text
   announces it, ending with a colon: then its outline), magics with no output (``%timeit``), and sentences
   that only make sense in the notebook (cells, collapsed hints, the student edition).
@@ -35,7 +37,8 @@ follows and sets ``metadata.slideshow.slide_type`` on a copy (the notebook file 
   first cell (the task stays in the lecture; the outline, a reference for the workshop, moves) go after the recap,
   as uncounted slides (reveal.js's ``data-visibility="uncounted"``): in the deck, out of the lecture's path. A
   step's self-check shows its output only.
-* ``<details>`` blocks (hints, answers) move to the speaker notes: press S for the speaker view.
+* ``<details>`` blocks move to the speaker notes (press S for the speaker view): the hints in every deck, the
+  exercises' answers in the instructor's decks only (``--solutions``).
 * A widget's controls become a one-line note naming them, above the default figure the notebook stored.
 
 Keys in a deck (reveal.js's linear navigation): → ↓ Space PageDown (a clicker's keys) the next fragment or slide,
@@ -69,12 +72,19 @@ from .web import REPO, TEMPLATES, FigureAlt, Page, WidgetNote, copy_assets, note
 DEFAULT_OUT = REPO / "build" / "slides"
 INSTRUCTOR_OUT = REPO / "build" / "slides-instructor"
 SKIPPED_SECTIONS = ("## Setup",)
+PITFALLS = "## Pitfalls"  # its code shows its output only: one or two slides in the lecture
+PITFALL_PAGES = 2  # more, and the lecture lists the pitfalls on one slide; the appendix holds them in full
 APPENDIX_SECTIONS = ("## Verify",)  # moved after the recap
 APPENDIX_PARTS = ("### Check it",)  # a ### part moved into the appendix, from wherever it is
 # A section whose first cell (its heading and the task) stays in the lecture and the rest moves to the appendix: the
 # final class's outline is the workshop's reference, not the lecture's (each of its steps was on a slide already).
 APPENDIX_AFTER_INTRO = ("## The final class",)
 APPENDIX_PREFIX = "Appendix · "
+# A lecture longer than LECTURE_MAX slides becomes two: a title slide "Part 2 · …" before "## See it" says what
+# part 1 built and what part 2 shows.
+LECTURE_MAX = 40
+PART_TWO = "Part 2 · "
+PART_TWO_BEFORE = "## See it"
 CODE_LINES = 12  # longer code shows its output only
 OUTPUT_LINES = 16  # printed output beyond this many (wrapped) lines is cut, saying how much is left out
 WIDTH, HEIGHT = 1280, 720  # reveal.js's canvas; templates/static/slides.css sizes the text for it
@@ -103,14 +113,21 @@ FIGURE_BOTTOM = 52
 WIDE_BOTTOM = 28
 CLEAR_WIDTH = 1140
 
-# Figures. Matplotlib draws text at 10 pt unless told otherwise; the notebooks save PNGs at 100 dpi.
-MIN_TEXT_PX = 13.5  # the smallest text in a figure, in canvas pixels ("about 14"), where the slide has room for it
-# A figure is cut into rows of its panels only when, whole, its smallest text would be below SPLIT_BELOW_PX or its
-# default (10 pt) text below SPLIT_DEFAULT_BELOW_PX: cutting a two-panel comparison costs more than a small legend.
-SPLIT_BELOW_PX = 10.0
-SPLIT_DEFAULT_BELOW_PX = 11.0
-ROW_SCALE = 0.85  # rows hold as many panels as fit at this fraction of the scale the text needs
-DEFAULT_FONT_PT = 10.0
+# Figures. The notebooks draw with the course's style (nbtools/course.mplstyle: text at 12 pt unless a figure says
+# otherwise) and save PNGs at 100 dpi.
+FLOOR_TEXT_PX = 16.3  # no text in a deck's figure is smaller, in canvas pixels: 16 and a margin for rounding
+MIN_TEXT_PX = 17.5  # the size a figure's smallest text takes where the slide has room; pages may shrink it to the floor
+# A figure is cut into rows of its panels only when, whole, its smallest text would be below the floor.
+SPLIT_BELOW_PX = FLOOR_TEXT_PX
+
+
+def _style_font_pt() -> float:
+    """font.size of the course's matplotlib style, the size of every text a figure does not size itself."""
+    style = Path(__file__).with_name("course.mplstyle").read_text(encoding="utf-8")
+    return float(re.search(r"^font\.size\s*:\s*([0-9.]+)", style, re.MULTILINE).group(1))
+
+
+DEFAULT_FONT_PT = _style_font_pt()
 NAMED_FONT_SIZES = {"xx-small": 0.579, "x-small": 0.694, "small": 0.833, "medium": 1.0, "large": 1.2,
                     "x-large": 1.44, "xx-large": 1.728, "smaller": 0.833}
 MAX_FIGURE_SCALE = 1.5
@@ -126,10 +143,15 @@ MERGE_COST = 700  # a ### part that shares the page of the part before it
 SPLIT_PROSE_COST = 2500  # prose separated from the code or figure right after it
 KEEP_COST = 10**6  # a page that ends on an exercise's heading
 COLON_COST = 5000  # a page that ends on a colon (rewritten as a full stop): worse than a leftover, not than a title alone
-MIN_SHRINK = 0.8  # figures may shrink this far below their text's size to stay with the text that explains them
+# Figures may shrink below MIN_TEXT_PX, to the floor, to stay with the text that explains them (Figure.floor_scale).
 SHRINK_COST = 200  # per percent they shrink
 NEAR_EMPTY = 170  # a page whose content (heading aside) is shorter than this is a leftover
 NEAR_EMPTY_COST = 4000
+TOP_THIRD = HEIGHT // 3  # a page whose content, heading included, ends above this uses a third of the slide
+TOP_THIRD_COST = 20000
+MAX_WORDS = 150  # about the most words of prose on a slide, as the room reads it (maths and code aside)
+WORD_COST = 200  # per word over MAX_WORDS: a few more beat a leftover page
+WORDY_COST = 10**6  # a page of several paragraphs with 10% more words than MAX_WORDS: cut it
 OVERFULL_COST = 10**7
 
 
@@ -156,6 +178,16 @@ class Figure:
         """The scale that makes the smallest text MIN_TEXT_PX, if the slide has room for it."""
         return min(MIN_TEXT_PX / self.text_px, self.max_scale)
 
+    @property
+    def floor_scale(self) -> float:
+        """The least scale a page may shrink it to: its smallest text FLOOR_TEXT_PX (or its largest scale)."""
+        return min(FLOOR_TEXT_PX / self.text_px, self.max_scale)
+
+
+def _least_shrink(figures: list[Figure]) -> float:
+    """How far a page may shrink all its figures alike below ``min_scale``: none of them below its floor."""
+    return max((f.floor_scale / f.min_scale for f in figures), default=1.0)
+
 
 @dataclass
 class Piece:
@@ -169,6 +201,7 @@ class Piece:
     soft: bool = False  # a page may start here without "(continued)" (an exercise's heading)
     code_height: int = 0  # a figure's code, 0 when it is left out
     figures: list[Figure] = field(default_factory=list)
+    words: int = 0  # the words of its prose (maths, code and outputs aside)
 
     @property
     def is_prose(self) -> bool:
@@ -281,6 +314,13 @@ def _image_height(block: str, notebook_dir: Path) -> int:
         if box:
             ratio = float(box[2]) / float(box[1])
     return min(IMAGE_MAX_HEIGHT, int(width * ratio))
+
+
+def words(markdown: str) -> int:
+    """The words a slide shows of this Markdown: maths, HTML tags, link targets and markup aside."""
+    text = re.sub(r"\$\$.*?\$\$|\$[^$]*\$", " ", markdown, flags=re.DOTALL)
+    text = re.sub(r"<[^>]+>|\]\([^)]*\)|^#+ .*$", " ", text, flags=re.MULTILINE)
+    return sum(1 for word in text.split() if re.search(r"\w", word))
 
 
 def _visible_length(text: str) -> int:
@@ -410,6 +450,9 @@ def _markdown_pieces(cell, notebook_dir: Path, title: bool) -> list[Piece]:
             first.cell.metadata["tags"] = ["slides-title"]
             first.height = BUDGET  # the slide is full
             pieces = [first] + rest[end:]
+    for piece in pieces:
+        if piece.kind == "flow" and not piece.soft:
+            piece.words = words(piece.cell.source)
     return pieces
 
 
@@ -613,7 +656,8 @@ def _code_pieces(cell, section: str, functions: dict, solutions: bool, previous:
     outputs = _cut_text(copy.deepcopy(cell.get("outputs", [])))
     if not outputs and _is_magic_only(source):
         return []
-    short = len(shown.splitlines()) <= CODE_LINES and not _is_check(source)
+    # A pitfall's code stages the mistake; the slide shows what it does (its output), the prose names the mistake.
+    short = len(shown.splitlines()) <= CODE_LINES and not _is_check(source) and section != PITFALLS
     pngs = [o for o in outputs if "image/png" in o.get("data", {})]
     if pngs:
         font = smallest_font_pt(source, functions)
@@ -722,9 +766,9 @@ def _rows_of_panels(figure: Figure, caption: bool = False) -> list[list[Figure]]
     """The figure cut into rows of its panels, as many in a row as fit at about the scale its text needs; None
     when it has one panel or reads well enough whole."""
     needed = MIN_TEXT_PX / figure.text_px
+    floor = FLOOR_TEXT_PX / figure.text_px
     whole = min(needed, FIGURE_MAX_WIDTH / figure.width, TITLE_FIGURE_ROOM / figure.height)
-    default_px = DEFAULT_FONT_PT * figure.dpi / 72
-    if whole * figure.text_px >= SPLIT_BELOW_PX and whole * default_px >= SPLIT_DEFAULT_BELOW_PX:
+    if whole * figure.text_px >= SPLIT_BELOW_PX:
         return None
     png = _png(figure.output)
     title, columns, (top, bottom) = panels(png)
@@ -737,7 +781,7 @@ def _rows_of_panels(figure: Figure, caption: bool = False) -> list[list[Figure]]
         groups = [columns[i:i + per_row] for i in range(0, len(columns), per_row)]
         widest = max(group[-1][1] - group[0][0] for group in groups)
         scale = min(needed, FIGURE_MAX_WIDTH / widest, TITLE_FIGURE_ROOM / (bottom - top + title_height))
-        if scale >= ROW_SCALE * needed or per_row == 1:
+        if scale >= floor or per_row == 1:
             break
     result = []
     for n, group in enumerate(groups):
@@ -855,7 +899,7 @@ def _page_cost(items: list[Piece], heading_height: int, end_break: Piece | None,
     used = min(used, room) + heading_height
     cost = PAGE_COST + (CONTINUED_COST if heading_height else 0)
     if left < -2:
-        if shrink < MIN_SHRINK and len(items) > 1:
+        if shrink < _least_shrink([f for p in items for f in p.figures]) - 1e-9 and len(items) > 1:
             cost += OVERFULL_COST
         else:
             cost += SHRINK_COST * (1 - shrink) * 100
@@ -864,6 +908,12 @@ def _page_cost(items: list[Piece], heading_height: int, end_break: Piece | None,
     content = used - heading_height - sum(p.height for p in items if p.kind in ("slide", "subslide"))
     if content < NEAR_EMPTY and not any(p.kind == "figure" for p in items):
         cost += NEAR_EMPTY_COST * (2.5 if content <= 0 else 1)  # a title alone is the worst
+    if used < TOP_THIRD:
+        cost += TOP_THIRD_COST
+    prose = [p for p in items if p.words]
+    total = sum(p.words for p in prose)
+    if total > MAX_WORDS and len(prose) > 1:
+        cost += WORDY_COST if total > 1.1 * MAX_WORDS else WORD_COST * (total - MAX_WORDS)
     last = items[-1] if items else None
     at_boundary = end_break is None or end_break.kind in ("slide", "subslide")
     if last is not None and end_break is not None and not (at_boundary or end_break.soft):
@@ -1077,6 +1127,8 @@ class DeriveSlides(Preprocessor):
                         and not re.search(r"^#", cell.source, re.MULTILINE):
                     continue  # the sentence that introduces the export cell
                 source = rewrite_links(cell.source, lambda target: notebook_link(target, ".slides.html"))
+                if not self.solutions:  # a published deck: the exercises' answers stay with the instructor's
+                    source = web.without_answers(source)
                 new = _markdown_pieces(nbformat.v4.new_markdown_cell(source), notebook_dir, title=index == 0)
             elif cell.cell_type == "code" and section not in SKIPPED_SECTIONS:
                 previous = next((p for p in reversed(lecture) if p.kind != "notes"), None)
@@ -1096,10 +1148,75 @@ class DeriveSlides(Preprocessor):
                     outlined.extend(_public_names(cell.source))
             else:
                 lecture.extend(new)
+        lecture = _pitfalls_in_brief(lecture, appendix)
         pieces = lecture + _appendix(appendix, outlined)
         _orphaned_colons(pieces)
+        if lecture_slides(layout(copy.deepcopy(pieces))) > LECTURE_MAX:
+            at = next((i for i, p in enumerate(pieces) if p.kind == "slide" and p.heading == PART_TWO_BEFORE[3:]), None)
+            if at is not None:
+                pieces.insert(at, _part_two(nb.cells[0].source, lecture, notebook_dir))
         nb.cells = layout(pieces)
         return nb, resources
+
+
+def _pitfalls_in_brief(lecture: list[Piece], appendix: dict[str, list[Piece]]) -> list[Piece]:
+    """The lecture with its ## Pitfalls on at most PITFALL_PAGES slides: when they take more, one slide lists them
+    (each heading with its first sentence, or the headings alone where that is over MAX_WORDS) and the section, in
+    full, moves to the appendix."""
+    start = next((i for i, p in enumerate(lecture) if p.kind == "slide" and p.heading == PITFALLS[3:]), None)
+    if start is None:
+        return lecture
+    end = next((i for i in range(start + 1, len(lecture)) if lecture[i].kind == "slide"), len(lecture))
+    section = lecture[start:end]
+    if len(paginate(copy.deepcopy(section))) <= PITFALL_PAGES:
+        return lecture
+    named: list[tuple[str, str]] = []
+    for piece in section:
+        if piece.kind == "subslide":
+            named.append((piece.heading, ""))
+        elif named and not named[-1][1] and piece.is_prose and not piece.cell.source.lstrip().startswith(("$$", "|")):
+            named[-1] = (named[-1][0], _sentences(piece.cell.source.strip())[0])
+    long = "\n".join(f"* **{re.sub(r'^[0-9]+[.] ', '', h)}.** {first}" for h, first in named)
+    short = "\n".join(f"* {re.sub(r'^[0-9]+[.] ', '', h)}" for h, _ in named)
+    listing = long if words(long) <= MAX_WORDS else short
+    cell = nbformat.v4.new_markdown_cell(listing)
+    brief = Piece(cell, "flow", _markdown_height(listing, REPO / "notebooks"))
+    brief.words = words(listing)
+    appendix[PITFALLS] = section
+    return lecture[:start] + [section[0], brief] + lecture[end:]
+
+
+def lecture_slides(cells: list) -> int:
+    """The slides (and sub-slides) of a derived deck before its appendix: the lecture's path."""
+    count = 0
+    for cell in cells:
+        kind = cell.metadata.get("slideshow", {}).get("slide_type")
+        if kind == "slide" and cell.source.startswith(f"## {APPENDIX_PREFIX}"):
+            break
+        count += kind in ("slide", "subslide")
+    return count
+
+
+def _part_two(title: str, lecture: list[Piece], notebook_dir: Path) -> Piece:
+    """The title slide of a lecture's second part: what part 1 built (the steps) and what part 2 shows."""
+    name = re.match(r"#\s*\d*\s*·?\s*([^:\n]+)", title)
+    sections: dict[str, list[str]] = {}
+    section = ""
+    for piece in lecture:
+        if piece.kind == "slide":
+            section = piece.heading
+        elif piece.kind == "subslide" and not piece.heading.endswith("(continued)"):
+            sections.setdefault(section, []).append(piece.heading)
+    steps = [re.sub(r"^Step \d+ · ", "", h) for h in sections.get("Build it step by step", []) if h.startswith("Step ")]
+    shown = sections.get(PART_TWO_BEFORE[3:], [])
+    source = (f"## {PART_TWO}{name[1].strip() if name else 'the lecture goes on'}\n\n"
+              f"**Part 1** built it, one step at a time: {'; '.join(steps)}.\n\n"
+              f"**Part 2** sees it at work: {'; '.join(shown)}. Then the final class, its pitfalls and the exercises.")
+    cell = nbformat.v4.new_markdown_cell(source)
+    cell.metadata["tags"] = ["slides-part"]
+    piece = Piece(cell, "slide", _markdown_height(source, notebook_dir), source.splitlines()[0][3:])
+    piece.words = words(source)
+    return piece
 
 
 def _orphaned_colons(pieces: list[Piece]) -> None:

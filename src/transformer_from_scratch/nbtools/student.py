@@ -47,6 +47,7 @@ from traitlets import List, Unicode
 
 from .._project import generated_from, repo_root
 from .export import PACKAGE, STUDENT_PACKAGE, export_cells, module_name, render
+from .web import without_answers
 
 REPO = repo_root()
 DEFAULT_OUT = REPO / "notebooks" / "student"
@@ -164,8 +165,9 @@ def _named_stubs(source: str, notebook: str, section: str) -> str:
     return "\n".join(lines)
 
 
-def student_notebook(notebook: Path) -> str:
-    """The student edition of ``notebook``, as the text of an .ipynb file."""
+def student_notebook(notebook: Path, answers: bool = True) -> str:
+    """The student edition of ``notebook``, as the text of an .ipynb file; without the exercises' collapsed answers
+    when ``answers`` is False (the notebook the published site offers)."""
     exporter = NotebookExporter()
     exporter.register_preprocessor(ClearSolutions(
         enforce_metadata=False,  # plain markers in ordinary cells, no nbgrader cell metadata
@@ -177,6 +179,12 @@ def student_notebook(notebook: Path) -> str:
     exporter.register_preprocessor(StudentEdition(components=component_modules(), notebook_name=notebook.name),
                                    enabled=True)
     text, _ = exporter.from_filename(str(notebook))
+    if not answers:
+        nb = nbformat.reads(text, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                cell.source = without_answers(cell.source)
+        text = nbformat.writes(nb)
     return text if text.endswith("\n") else text + "\n"
 
 

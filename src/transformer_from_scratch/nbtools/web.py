@@ -359,6 +359,18 @@ def has_solution(source: str) -> bool:
     return SOLUTION_BEGIN in source
 
 
+# An exercise's answer: a collapsed block whose summary begins with "Answer". The guided notebook and the instructor's
+# editions keep it; what is published (the default site's pages, its student notebooks and every deck without
+# --solutions, notes included) leaves it out.
+_ANSWER = re.compile(r"[ \t]*<details>\s*<summary>\s*Answer\b.*?</details>[ \t]*\n?", re.DOTALL)
+
+
+def without_answers(markdown: str) -> str:
+    """The Markdown without its exercises' answers (blank lines left by one closed up)."""
+    text = _ANSWER.sub("", markdown)
+    return re.sub(r"\n{3,}", "\n\n", text).strip("\n") if text != markdown else markdown
+
+
 def without_markers(source: str) -> str:
     """The code with its solutions and without the marker lines (the instructor's view)."""
     return "\n".join(line for line in source.split("\n")
