@@ -764,6 +764,7 @@ def test_every_notebook_draws_in_the_course_style(notebook):
     assert 'plt.style.use("transformer_from_scratch.nbtools.course")' in setup
     assert "course.mplstyle" in (REPO / "pyproject.toml").read_text(encoding="utf-8"), "package data"
     import matplotlib
+    import matplotlib.style  # not loaded by `import matplotlib` alone
 
     with matplotlib.style.context("transformer_from_scratch.nbtools.course"):
         assert matplotlib.rcParams["font.size"] == slides.DEFAULT_FONT_PT

@@ -147,7 +147,7 @@ COLON_COST = 5000  # a page that ends on a colon (rewritten as a full stop): wor
 SHRINK_COST = 200  # per percent they shrink
 NEAR_EMPTY = 170  # a page whose content (heading aside) is shorter than this is a leftover
 NEAR_EMPTY_COST = 4000
-TOP_THIRD = HEIGHT // 3  # a page whose content, heading included, ends above this uses a third of the slide
+TOP_THIRD = HEIGHT // 3 + 50  # a page whose estimated content, heading included, ends above this may end in the top third (the estimates run up to 50 px high)
 TOP_THIRD_COST = 20000
 MAX_WORDS = 150  # about the most words of prose on a slide, as the room reads it (maths and code aside)
 WORD_COST = 200  # per word over MAX_WORDS: a few more beat a leftover page
@@ -1161,8 +1161,8 @@ class DeriveSlides(Preprocessor):
 
 def _pitfalls_in_brief(lecture: list[Piece], appendix: dict[str, list[Piece]]) -> list[Piece]:
     """The lecture with its ## Pitfalls on at most PITFALL_PAGES slides: when they take more, one slide lists them
-    (each heading with its first sentence, or the headings alone where that is over MAX_WORDS) and the section, in
-    full, moves to the appendix."""
+    (each heading with the first sentences of its first paragraph, a round at a time while they stay within
+    MAX_WORDS) and the section, in full, moves to the appendix."""
     start = next((i for i, p in enumerate(lecture) if p.kind == "slide" and p.heading == PITFALLS[3:]), None)
     if start is None:
         return lecture
@@ -1170,15 +1170,29 @@ def _pitfalls_in_brief(lecture: list[Piece], appendix: dict[str, list[Piece]]) -
     section = lecture[start:end]
     if len(paginate(copy.deepcopy(section))) <= PITFALL_PAGES:
         return lecture
-    named: list[tuple[str, str]] = []
+    named: list[tuple[str, str]] = []  # each pitfall's heading and its first paragraph
     for piece in section:
         if piece.kind == "subslide":
             named.append((piece.heading, ""))
         elif named and not named[-1][1] and piece.is_prose and not piece.cell.source.lstrip().startswith(("$$", "|")):
-            named[-1] = (named[-1][0], _sentences(piece.cell.source.strip())[0])
-    long = "\n".join(f"* **{re.sub(r'^[0-9]+[.] ', '', h)}.** {first}" for h, first in named)
-    short = "\n".join(f"* {re.sub(r'^[0-9]+[.] ', '', h)}" for h, _ in named)
-    listing = long if words(long) <= MAX_WORDS else short
+            named[-1] = (named[-1][0], " ".join(piece.cell.source.split()).rstrip(":") + ".")
+    # Each heading, then its first paragraph's sentences, a round at a time (one more sentence for each pitfall, in
+    # turn, where it keeps the slide within MAX_WORDS), so that every pitfall gets its share.
+    headings = [f"* **{re.sub(r'^[0-9]+[.] ', '', heading)}.**" for heading, _ in named]
+    sentences = [_sentences(paragraph) if paragraph else [] for _, paragraph in named]
+    said: list[list[str]] = [[] for _ in named]
+    grown = True
+    while grown:
+        grown = False
+        for k, left in enumerate(sentences):
+            if len(said[k]) < len(left):
+                trial = [h + "".join(" " + x for x in s) for h, s in zip(headings, said)]
+                trial[k] += " " + left[len(said[k])]
+                if words("\n".join(trial)) <= MAX_WORDS:
+                    said[k].append(left[len(said[k])])
+                    grown = True
+    lines = [" ".join([heading] + told) for heading, told in zip(headings, said)]
+    listing = "\n".join(lines)
     cell = nbformat.v4.new_markdown_cell(listing)
     brief = Piece(cell, "flow", _markdown_height(listing, REPO / "notebooks"))
     brief.words = words(listing)
