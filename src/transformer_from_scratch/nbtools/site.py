@@ -60,7 +60,6 @@ LANDING = TEMPLATES / "site" / "index.md"
 LECTURERS = TEMPLATES / "site" / "lecturers.md"
 REPOSITORY_VARIABLE = "COURSE_REPOSITORY"
 STUDENT_NOTE_ID = "student-edition-note"  # the note nbtools/student.py puts under the title
-EXERCISES = "## Exercises"  # the section whose outputs and collapsed answers a published page leaves out
 
 
 def is_remote(url: str) -> bool:
@@ -143,7 +142,7 @@ def student_page_notebook(path: Path) -> nbformat.NotebookNode:
         twin = by_id[cell.get("id")] if same_ids else (fallback[index] if index < len(fallback) else None)
         if twin is None or twin.cell_type != "code":
             raise ValueError(f"{path.name}: the student edition's cells do not match the guided notebook's")
-        if web.has_solution(cell.source) or section == EXERCISES:
+        if web.has_solution(cell.source) or section == web.EXERCISES:
             cell.outputs = []
             cell.execution_count = None
         cell.source = twin.source

@@ -117,8 +117,6 @@ CLEAR_WIDTH = 1140
 # otherwise) and save PNGs at 100 dpi.
 FLOOR_TEXT_PX = 16.3  # no text in a deck's figure is smaller, in canvas pixels: 16 and a margin for rounding
 MIN_TEXT_PX = 17.5  # the size a figure's smallest text takes where the slide has room; pages may shrink it to the floor
-# A figure is cut into rows of its panels only when, whole, its smallest text would be below the floor.
-SPLIT_BELOW_PX = FLOOR_TEXT_PX
 
 
 def _style_font_pt() -> float:
@@ -643,7 +641,7 @@ def _is_magic_only(source: str) -> bool:
 
 def _code_pieces(cell, section: str, functions: dict, solutions: bool, previous: Piece | None) -> list[Piece]:
     source = cell.source.strip()
-    if section == "## Exercises":
+    if section == web.EXERCISES:
         return [_solution_notes(source)] if solutions and web.has_solution(source) else []
     if "export_notebook(" in source:
         return []
@@ -768,7 +766,7 @@ def _rows_of_panels(figure: Figure, caption: bool = False) -> list[list[Figure]]
     needed = MIN_TEXT_PX / figure.text_px
     floor = FLOOR_TEXT_PX / figure.text_px
     whole = min(needed, FIGURE_MAX_WIDTH / figure.width, TITLE_FIGURE_ROOM / figure.height)
-    if whole * figure.text_px >= SPLIT_BELOW_PX:
+    if whole * figure.text_px >= FLOOR_TEXT_PX:  # whole, it reads: cut into rows only below the floor
         return None
     png = _png(figure.output)
     title, columns, (top, bottom) = panels(png)

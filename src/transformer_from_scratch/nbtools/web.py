@@ -349,6 +349,8 @@ class FigureAlt(Preprocessor):
 
 # --- Solutions ----------------------------------------------------------------------------------------------
 
+EXERCISES = "## Exercises"  # its code is the learners' (decks leave it out) and its outputs their answers (pages do)
+
 SOLUTION_BEGIN = "### BEGIN SOLUTION"
 SOLUTION_END = "### END SOLUTION"
 _REGION = re.compile(rf"^([ \t]*){re.escape(SOLUTION_BEGIN)}[ \t]*\n(.*?)^[ \t]*{re.escape(SOLUTION_END)}[ \t]*(?:\n|$)",
