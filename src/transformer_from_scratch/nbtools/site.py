@@ -15,8 +15,9 @@ folder with any static server):
   solution marker anywhere, and no answer to an exercise: the outputs of the cells that held a solution and of
   every cell of ``## Exercises`` (a self-check prints what the answer gives) are left out, and so are the exercises'
   collapsed answers; every other output (figures, printed results, the widgets' default figures) is the guided
-  notebook's, so the page still shows what the finished code does. With ``--solutions`` (``make site SOLUTIONS=1``) it is the instructor's edition: the
-  guided notebook with its solutions, the marker lines removed, and a banner on every page saying so.
+  notebook's, so the page still shows what the finished code does. With ``--solutions`` (``make site SOLUTIONS=1``)
+  it is the instructor's edition: the guided notebook with its solutions, the marker lines removed, and a banner on
+  every page saying so.
   Each page says how to run the notebook (clone, ``make workshop``), links its deck, its student notebook for
   download, and previous · index · next.
 * ``NN_x.slides.html``: each notebook's deck (``nbtools/slides.py``), with the solutions and the exercises' answers

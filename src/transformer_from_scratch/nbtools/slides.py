@@ -145,7 +145,9 @@ COLON_COST = 5000  # a page that ends on a colon (rewritten as a full stop): wor
 SHRINK_COST = 200  # per percent they shrink
 NEAR_EMPTY = 170  # a page whose content (heading aside) is shorter than this is a leftover
 NEAR_EMPTY_COST = 4000
-TOP_THIRD = HEIGHT // 3 + 50  # a page whose estimated content, heading included, ends above this may end in the top third (the estimates run up to 50 px high)
+# A page whose estimated content, heading included, ends above TOP_THIRD may end in the slide's top third (240 px):
+# the estimates run up to 50 px high.
+TOP_THIRD = HEIGHT // 3 + 50
 TOP_THIRD_COST = 20000
 MAX_WORDS = 150  # about the most words of prose on a slide, as the room reads it (maths and code aside)
 WORD_COST = 200  # per word over MAX_WORDS: a few more beat a leftover page
@@ -1219,7 +1221,8 @@ def _part_two(title: str, lecture: list[Piece], notebook_dir: Path) -> Piece:
             section = piece.heading
         elif piece.kind == "subslide" and not piece.heading.endswith("(continued)"):
             sections.setdefault(section, []).append(piece.heading)
-    steps = [re.sub(r"^Step \d+ · ", "", h) for h in sections.get("Build it step by step", []) if h.startswith("Step ")]
+    built = sections.get("Build it step by step", [])
+    steps = [re.sub(r"^Step \d+ · ", "", h) for h in built if h.startswith("Step ")]
     shown = sections.get(PART_TWO_BEFORE[3:], [])
     source = (f"## {PART_TWO}{name[1].strip() if name else 'the lecture goes on'}\n\n"
               f"**Part 1** built it, one step at a time: {'; '.join(steps)}.\n\n"
