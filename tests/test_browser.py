@@ -53,11 +53,6 @@ TIMEOUT_MS = 60_000
 MIN_FIGURE_TEXT_PX = 16.0  # legible from the back of the room: slides.FLOOR_TEXT_PX (16.3) less a browser's rounding
 MAX_WORDS = slides.MAX_WORDS * 1.1  # "about 150": the builder counts the Markdown, the browser the rendered text
 TOP_THIRD_PX = 240  # a lecture slide whose content ends above it uses a third of the slide
-# Lecture slides that end in the top third with no figure beside them (a figure at 16 px text may need a slide of its
-# own, which leaves the paragraph before or after it alone): a ratchet, it may only go down. The five left (issue 30):
-# 02's third exercise, 05's "Why divide by √d_k?" (continued), 06's final class (continued), 11's "Llama's recipe or
-# GPT-2's?" and 13's "Why a tokenizer?" (continued, 8 px short).
-TOP_THIRD_LEFT = 5
 NEAR_EMPTY_PX = 110  # a slide whose content (headings aside) is shorter, with no figure or code, is a leftover
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: `apt-get install chromium`; "
@@ -261,23 +256,14 @@ def test_every_slide_of_every_deck(watched, notebook):
     assert small == [], "figures whose smallest text is too small to read"
     wordy = [(m["slide"], m["words"]) for m in measured if m["words"] > MAX_WORDS]
     assert wordy == [], f"slides of more than about {slides.MAX_WORDS} words"
-    TOP_THIRD[notebook.stem] = [(m["slide"], m["bottom"]) for n, m in enumerate(measured) if n and not m["appendix"]
-                                and m["bottom"] < TOP_THIRD_PX and not {n - 1, n + 1} & beside]
+    # A lecture slide that ends in the top third is a heading and a short paragraph left alone, unless a figure beside
+    # it took a slide of its own (a figure at 16 px text may need one).
+    top_third = [(m["slide"], m["bottom"]) for n, m in enumerate(measured) if n and not m["appendix"]
+                 and m["bottom"] < TOP_THIRD_PX and not {n - 1, n + 1} & beside]
+    assert top_third == [], f"lecture slides whose content ends above {TOP_THIRD_PX} px with no figure beside them"
     assert watched.page.evaluate(MATHJAX_ERRORS) == 0
     assert watched.errors == [], "the console shows errors while stepping through the deck"
     assert watched.foreign() == []
-
-
-TOP_THIRD: dict[str, list] = {}  # filled by test_every_slide_of_every_deck, deck by deck
-
-
-def test_slides_ending_in_the_top_third(watched):
-    """Few lecture slides end in the top third (a heading and one short paragraph) without a figure beside them: no
-    more than when issue 30 left them. Runs after every deck was measured (pytest keeps the file's order)."""
-    if len(TOP_THIRD) < len(web.notebooks()):
-        pytest.skip("needs every deck measured by test_every_slide_of_every_deck in the same run")
-    left = [(deck, slide, px) for deck, found in TOP_THIRD.items() for slide, px in found]
-    assert len(left) <= TOP_THIRD_LEFT, f"{len(left)} lecture slides end above {TOP_THIRD_PX} px: {left}"
 
 
 def test_speaker_view_wrapped_code_and_controls(watched):

@@ -96,7 +96,7 @@ def test_slides_follow_the_notebook_structure(notebook):
     starts = [cell.source.splitlines()[0] for cell in cells if _slide_type(cell) == "slide"]
     lecture = [line for line in h2 if line not in slides.SKIPPED_SECTIONS + slides.APPENDIX_SECTIONS]
     assert [line for line in starts if line.startswith("## ") and slides.APPENDIX_PREFIX not in line
-            and not line.startswith(f"## {slides.PART_TWO}")] == lecture, \
+            and not line.startswith((f"## {slides.PART_TWO}", f"## {slides.PART_ONE_DONE}"))] == lecture, \
         "each ## section (but Setup and the appendix's) starts a slide, in the notebook's order"
     if any(line in slides.APPENDIX_SECTIONS for line in h2):
         assert starts[-1].startswith(f"## {slides.APPENDIX_PREFIX}"), "Verify moves to an appendix after the recap"
@@ -542,10 +542,10 @@ def test_the_landing_page_is_for_learners():
     assert set(local) <= known | {"data:,"}, "no link to a page the site does not have"
 
 
-# README's and the site's promise to lecturers: a lecture (the slides before the appendix) is at most
-# slides.LECTURE_MAX slides; a deck with more is two lectures, the second opening on a "Part 2 · …" slide before
-# "## See it" that says what part 1 built. LECTURE_MIN is the shortest today (01's; README gives the counts).
-LECTURE_MIN = 22
+# README's and the site's promise to lecturers: a lecture (the slides before the appendix) is 25 to slides.LECTURE_MAX
+# slides; a deck with more is two sessions, the first ending on an "End of part 1" slide that lists what it built, the
+# second opening on a "Part 2 · …" slide (the notebook's diagram, what part 1 built and what part 2 shows).
+LECTURE_MIN = 25
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
@@ -559,12 +559,22 @@ def test_a_lecture_fits_a_session(notebook):
     sessions = [parts[0], lecture - parts[0]] if parts else [lecture]
     assert all(LECTURE_MIN <= n <= slides.LECTURE_MAX for n in sessions), \
         f"{notebook.stem}: lecture slides per session {sessions}, the promise is {LECTURE_MIN} to {slides.LECTURE_MAX}"
-    if parts:
-        assert len(parts) == 1 and starts[parts[0] + 1] == slides.PART_TWO_BEFORE, "part 2 opens before See it"
-        text = pages[parts[0]][0].source
-        assert "**Part 1** built it" in text and "Step" not in text.split("\n", 1)[0]
-    else:
-        assert lecture <= slides.LECTURE_MAX
+    if not parts:
+        assert lecture <= slides.LECTURE_MAX and not any(line == f"## {slides.PART_ONE_DONE}" for line in starts)
+        return
+    assert len(parts) == 1 and starts[parts[0] - 1] == f"## {slides.PART_ONE_DONE}", "part 1 ends on its recap"
+    build = starts.index(slides.PART_TWO_BEFORE.replace("See it", slides.PART_TWO_AFTER))
+    see_it = starts.index(slides.PART_TWO_BEFORE)
+    after = starts[parts[0] + 1]
+    assert build < parts[0] <= see_it + 1 and (after == slides.PART_TWO_BEFORE or
+                                               (after.startswith("### ") and "(continued)" not in after)), \
+        "the break falls before a part of the build or before See it, never inside a part"
+    done, opener = pages[parts[0] - 1][0].source, pages[parts[0]][0].source
+    steps = [line[4:] for line in starts[build:parts[0] - 1] if line.startswith("### Step ") and "(continued)" not in line]
+    assert steps and all(f"* {step}" in done for step in steps), "the recap lists every step part 1 built"
+    assert "**Next session, part 2:**" in done
+    assert "**Part 1** built it" in opener and "**Part 2** shows" in opener and "<img" in opener
+    assert "Step" not in opener.split("\n", 1)[0]
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)

@@ -186,7 +186,16 @@ def learners_our_name(name, *, block=None, number=r"\d+", pick=None, suffix=".we
     raise ValueError(f"no TransformerLM weight for {name!r}")
 
 
+def one_digit_our_name(name):
+    """A learner's draft that reads the block number as the one character after "blk.": blk.12.attn_norm looks up
+    the part ".attn_norm" and raises KeyError."""
+    if name.startswith("blk."):
+        return f"layers.{name[4]}.{BLOCK[name[6:-len('.weight')]]}.weight"
+    return learners_our_name(name)
+
+
 NAME_MUTANTS = [
+    (one_digit_our_name, "the block number is read as one digit"),
     (variant(learners_our_name, block={"ffn_gate": "ffn.w3", "ffn_up": "ffn.w1"}), "ffn_gate and ffn_up are swapped"),
     (variant(learners_our_name, block={"ffn_down": "ffn.w3", "ffn_up": "ffn.w2"}), "ffn_down is named"),
     (variant(learners_our_name, block={"attn_norm": "ln2", "ffn_norm": "ln1"}), "attn_norm and ffn_norm are swapped"),

@@ -80,11 +80,14 @@ APPENDIX_PARTS = ("### Check it",)  # a ### part moved into the appendix, from w
 # final class's outline is the workshop's reference, not the lecture's (each of its steps was on a slide already).
 APPENDIX_AFTER_INTRO = ("## The final class",)
 APPENDIX_PREFIX = "Appendix · "
-# A lecture longer than LECTURE_MAX slides becomes two: a title slide "Part 2 · …" before "## See it" says what
-# part 1 built and what part 2 shows.
+# A lecture longer than LECTURE_MAX slides becomes two sessions: part 1 ends on a slide listing what it built, part 2
+# opens on a title slide "Part 2 · …" with the notebook's diagram, what part 1 built and what part 2 shows.
 LECTURE_MAX = 40
 PART_TWO = "Part 2 · "
-PART_TWO_BEFORE = "## See it"
+PART_TWO_BEFORE = "## See it"  # the break goes here, or before a part of the build, where the two come out most even
+PART_TWO_AFTER = "Build it step by step"
+PART_ONE_DONE = "End of part 1"
+NAMES = {"Llama", "Shakespeare", "Adam", "AdamW", "Hugging", "PyTorch"}  # kept capitalised inside a sentence
 CODE_LINES = 12  # longer code shows its output only
 OUTPUT_LINES = 16  # printed output beyond this many (wrapped) lines is cut, saying how much is left out
 WIDTH, HEIGHT = 1280, 720  # reveal.js's canvas; templates/static/slides.css sizes the text for it
@@ -1151,10 +1154,7 @@ class DeriveSlides(Preprocessor):
         lecture = _pitfalls_in_brief(lecture, appendix)
         pieces = lecture + _appendix(appendix, outlined)
         _orphaned_colons(pieces)
-        if lecture_slides(layout(copy.deepcopy(pieces))) > LECTURE_MAX:
-            at = next((i for i, p in enumerate(pieces) if p.kind == "slide" and p.heading == PART_TWO_BEFORE[3:]), None)
-            if at is not None:
-                pieces.insert(at, _part_two(nb.cells[0].source, lecture, notebook_dir))
+        pieces = _two_parts(pieces, nb.cells[0].source, notebook_dir)
         nb.cells = layout(pieces)
         return nb, resources
 
@@ -1211,27 +1211,95 @@ def lecture_slides(cells: list) -> int:
     return count
 
 
-def _part_two(title: str, lecture: list[Piece], notebook_dir: Path) -> Piece:
-    """The title slide of a lecture's second part: what part 1 built (the steps) and what part 2 shows."""
-    name = re.match(r"#\s*\d*\s*·?\s*([^:\n]+)", title)
-    sections: dict[str, list[str]] = {}
-    section = ""
-    for piece in lecture:
+def _two_parts(pieces: list[Piece], title: str, notebook_dir: Path) -> list[Piece]:
+    """A lecture of more than LECTURE_MAX slides as two sessions: part 1 ends on a slide that lists what it built, part
+    2 opens on a title slide "Part 2 · …" with the notebook's diagram and what it shows. The break goes before a part
+    (a ## section or a ### part, not a continued page) of the lecture's build or See it, where the two sessions come
+    out most even; on a tie, before "## See it"."""
+    trial = copy.deepcopy(pieces)
+    for k, piece in enumerate(trial):
+        piece.cell.metadata["course_piece"] = k
+    before: dict[int, int] = {}  # a piece that opens a page -> the lecture slides before it
+    count = 0
+    for cell in layout(trial):
+        kind = cell.metadata.get("slideshow", {}).get("slide_type")
+        if kind == "slide" and cell.source.startswith(f"## {APPENDIX_PREFIX}"):
+            break
+        if kind in ("slide", "subslide"):
+            if "course_piece" in cell.metadata:
+                before[cell.metadata["course_piece"]] = count
+            count += 1
+    if count <= LECTURE_MAX:
+        return pieces
+    build = next((k for k, p in enumerate(pieces) if p.kind == "slide" and p.heading == PART_TWO_AFTER), None)
+    see_it = next((k for k, p in enumerate(pieces) if p.kind == "slide" and p.heading == PART_TWO_BEFORE[3:]), None)
+    if build is None or see_it is None:
+        return pieces
+    end = next((k for k in range(see_it + 1, len(pieces)) if pieces[k].kind == "slide"), len(pieces))
+    candidates = [k for k in range(build + 1, end + 1) if k in before and pieces[k].kind in ("slide", "subslide")]
+    at = min(candidates, key=lambda k: (abs(before[k] - (count - before[k])), k != see_it))
+    return pieces[:at] + [_part_one_done(pieces[:at], pieces[at:])] + [_part_two(title, pieces, at, notebook_dir)] \
+        + pieces[at:]
+
+
+def _parts(pieces: list[Piece], section: str = "") -> list[tuple[str, str]]:
+    """The (## section, ### part) headings of these pieces, continued pages and the appendix left out; ``section`` is
+    the one the first piece is in."""
+    found = []
+    for piece in pieces:
         if piece.kind == "slide":
+            if piece.heading.startswith(APPENDIX_PREFIX):
+                break
             section = piece.heading
         elif piece.kind == "subslide" and not piece.heading.endswith("(continued)"):
-            sections.setdefault(section, []).append(piece.heading)
-    built = sections.get("Build it step by step", [])
-    steps = [re.sub(r"^Step \d+ · ", "", h) for h in built if h.startswith("Step ")]
-    shown = sections.get(PART_TWO_BEFORE[3:], [])
-    source = (f"## {PART_TWO}{name[1].strip() if name else 'the lecture goes on'}\n\n"
-              f"**Part 1** built it, one step at a time: {'; '.join(steps)}.\n\n"
-              f"**Part 2** sees it at work: {'; '.join(shown)}. Then the final class, its pitfalls and the exercises.")
+            found.append((section, piece.heading))
+    return found
+
+
+def _said(heading: str) -> str:
+    """A heading as a phrase inside a sentence: no "Step n · ", no trailing colon, lower case unless it opens on an
+    acronym ("GPT-2", "FLOPs") or a name ("Llama's recipe")."""
+    phrase = re.sub(r"^Step \d+ · ", "", heading).rstrip(":")
+    first = re.match(r"[A-Z][a-z]*\b", phrase)
+    keep = first is None or first[0].rstrip("'s") in NAMES
+    return phrase if keep else phrase[0].lower() + phrase[1:]
+
+
+def _part_two_shows(rest: list[Piece]) -> str:
+    """What the second session shows: the rest of the build, the See it parts, then the sections after it."""
+    first = PART_TWO_AFTER if rest and rest[0].kind == "subslide" else ""  # the break is inside the build or before
+    shown = [_said(part) for section, part in _parts(rest, first) if section in (PART_TWO_AFTER, PART_TWO_BEFORE[3:])]
+    return "; ".join(shown) + ". Then the final class, its pitfalls and the exercises."
+
+
+def _slide_piece(source: str, tags: list[str], notebook_dir: Path, height: int | None = None) -> Piece:
     cell = nbformat.v4.new_markdown_cell(source)
-    cell.metadata["tags"] = ["slides-part"]
-    piece = Piece(cell, "slide", _markdown_height(source, notebook_dir), source.splitlines()[0][3:])
+    cell.metadata["tags"] = tags
+    piece = Piece(cell, "slide", height or _markdown_height(source, notebook_dir), source.splitlines()[0][3:])
     piece.words = words(source)
     return piece
+
+
+def _part_one_done(done: list[Piece], rest: list[Piece]) -> Piece:
+    """The last slide of the first session: each part it built, and what the next session shows."""
+    built = [part for section, part in _parts(done) if section == PART_TWO_AFTER]
+    source = (f"## {PART_ONE_DONE}\n\nBuilt, one step at a time:\n\n" + "\n".join(f"* {part}" for part in built)
+              + f"\n\n**Next session, part 2:** {_part_two_shows(rest)}")
+    return _slide_piece(source, ["slides-part"], REPO / "notebooks")
+
+
+def _part_two(title: str, pieces: list[Piece], at: int, notebook_dir: Path) -> Piece:
+    """The title slide of a lecture's second part: the notebook's diagram, what part 1 built and what part 2 shows."""
+    name = re.match(r"#\s*\d*\s*·?\s*([^:\n]+)", title)
+    built = [_said(part) for section, part in _parts(pieces[:at]) if section == PART_TWO_AFTER
+             and part.startswith("Step ")]
+    diagram = re.search(r"<img[^>]*>", pieces[0].cell.source) if pieces else None
+    source = (f"## {PART_TWO}{name[1].strip() if name else 'the lecture goes on'}\n\n"
+              + (f"{diagram[0]}\n\n" if diagram else "")
+              + f"**Part 1** built it, one step at a time: {'; '.join(built)}.\n\n"
+              + f"**Part 2** shows {_part_two_shows(pieces[at:])}")
+    return _slide_piece(source, ["slides-title", "slides-part"] if diagram else ["slides-part"], notebook_dir,
+                        BUDGET if diagram else None)
 
 
 def _orphaned_colons(pieces: list[Piece]) -> None:

@@ -344,7 +344,8 @@ def check_our_name(our_name: Callable[[str], str]) -> None:
     and ValueError for a name the model has no place for.
 
     Mistakes it recognises: ffn_gate and ffn_up swapped (w1 and w3); ffn_down not w2; attn_norm and ffn_norm swapped
-    (ln1 and ln2); the block number cut to one digit, lost or fixed; a block number above 9 refused; '.weight' lost;
+    (ln1 and ln2); the block number cut to one digit, lost or fixed; a block number above 9 refused, or read as one
+    digit so that the rest of it joins the part's name (a KeyError); '.weight' lost;
     an unknown name passed through, or refused with another error than ValueError.
     """
     cases = dict(TOP_NAMES)
@@ -356,9 +357,12 @@ def check_our_name(our_name: Callable[[str], str]) -> None:
         out, error = attempt(what, our_name, name)
         if error is not None:
             number = name.split(".")[1] if name.startswith("blk.") else ""
+            whole = "read the whole block number (every digit: blk.12 is block 12): SmolLM2 has 30 blocks"
             if isinstance(error, ValueError) and len(number) > 1:
-                fail(f"{what} refuses a block number above 9", "read the whole block number (every digit: blk.12 is "
-                     "block 12): SmolLM2 has 30 blocks")
+                fail(f"{what} refuses a block number above 9", whole)
+            if len(number) > 1 and any(seen.startswith("blk.") for seen in outs):  # blocks 0 and 7 went through
+                fail(f"{what} raised {type(error).__name__} ({error}) where blocks 0 and 7 work: the block number is "
+                     "read as one digit, and the rest of it is taken for the part's name", whole)
             crashed(what, error)
         if not isinstance(out, str):
             fail(f"{what} returned {describe(out)}, not a str", "return the name in TransformerLM's state dict")
