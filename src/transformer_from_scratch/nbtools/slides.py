@@ -42,8 +42,8 @@ follows and sets ``metadata.slideshow.slide_type`` on a copy (the notebook file 
 * A widget's controls become a one-line note naming them, above the default figure the notebook stored.
 
 Keys in a deck (reveal.js's linear navigation): → ↓ Space PageDown (a clicker's keys) the next fragment or slide,
-sub-slides included, ← ↑ PageUp back one, Esc overview (the sections as columns), F full screen,
-S speaker view (notes), ? all keys.
+sub-slides included (a section is always entered at its top, even after a jump back), ← ↑ PageUp back one,
+Esc overview (the sections as columns), F full screen, S speaker view (notes), ? all keys.
 """
 
 from __future__ import annotations
