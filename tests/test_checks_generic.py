@@ -373,3 +373,26 @@ def test_the_learners_own_assert_is_a_crash_not_a_verdict():
 def test_a_tensor_in_another_dtype_is_named(learner):
     first = verdict(learner, "in another dtype")
     assert "float32" in first or "float64" in first, first
+
+
+def _raise(error):
+    raise error
+
+
+@pytest.mark.parametrize("run, verdict", [
+    (lambda: [1, 2], r"^f\(x\) returned a list: x is accepted: refuse it\.$"),
+    (lambda: _raise(KeyError("x")), r"^f\(x\) raised KeyError \('x'\), not ValueError: refuse it\.$"),
+    (lambda: _raise(TypeError()), r"^f\(x\) raised TypeError, not ValueError: refuse it\.$"),
+    (lambda: _raise(NotImplementedError("write it")), r"^_raise is not written yet"),  # the function that raised it
+], ids=["returns", "another error", "another error without a message", "a stub"])
+def test_a_refusal_names_what_happened_instead(run, verdict):
+    """The harness's one refusal check: returning, another error (its first line), a stub, each its own verdict."""
+    with pytest.raises(AssertionError, match=verdict):
+        _harness.refuses("f(x)", run, ValueError, "x is accepted", "refuse it")
+
+
+def test_a_refusal_returns_the_error_for_its_message():
+    error = ValueError("x is not llama")
+    assert _harness.refuses("f(x)", lambda: _raise(error), ValueError, "x is accepted", "refuse it") is error
+    assert "returned 'ok'" in str(pytest.raises(AssertionError, _harness.refuses, "f(x)", lambda: "ok", ValueError,
+                                                "accepted", "refuse it", shown=repr).value)

@@ -191,9 +191,9 @@ TOKENIZER_MUTANTS = [
     (LineByLine, "each line is encoded on its own"),
     (ReturnsAList, "is not lazy"),
     (ReadsAllFirst, "is not lazy"),
-    (NoTypeError, "returns ids for a int"),
-    (KeyErrorOnDecode, "raised KeyError, not ValueError"),
-    (ListIndexedDecode, "for an id outside the vocab"),
+    (NoTypeError, "a int is encoded as if it were text"),
+    (KeyErrorOnDecode, "raised KeyError (411), not ValueError"),
+    (ListIndexedDecode, "an id outside the vocab is decoded"),
 ]
 
 

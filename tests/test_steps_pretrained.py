@@ -206,7 +206,7 @@ NAME_MUTANTS = [
     (variant(learners_our_name, block={"attn_k": "attn.v_proj", "attn_v": "attn.k_proj"}),
      "not the name in TransformerLM's state dict"),
     (variant(learners_our_name, unknown="pass"), "an unknown name passes through"),
-    (variant(learners_our_name, unknown="key"), "raised KeyError, not ValueError"),
+    (variant(learners_our_name, unknown="key"), "raised KeyError ('blk.3.attn_qkv.weight'), not ValueError"),
 ]
 
 
@@ -280,7 +280,7 @@ PROMPT_MUTANTS = [
     (variant(learners_prompt, none="add"), "added when system is None"),
     (variant(learners_prompt, swap=True), "the role and the content are swapped"),
     (variant(learners_prompt, guard=False), "an empty conversation is accepted"),
-    (_index_error, "raised IndexError, not ValueError"),
+    (_index_error, "raised IndexError (list index out of range), not ValueError"),
     (lambda messages, system=None: learners_prompt(messages, system).encode(), "not a str"),
 ]
 

@@ -105,6 +105,23 @@ def attempt(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tup
         return None, error
 
 
+def refuses(what: str, run: Callable[[], Any], error: type[Exception], accepted: str, fix: str, *,
+            shown: Callable[[Any], str] | None = None) -> Exception:
+    """``run()``, which should refuse its input by raising ``error``: that error, for a check of its message.
+
+    Two verdicts, both ending on ``fix``: "<what> returned <shown(result)>: <accepted>" when ``run`` returns (shown:
+    ``describe``, unless given), and "<what> raised KeyError ('…'), not <error>" when it raises another exception
+    (its first line in the brackets). A stub fails as "not written yet", as in ``attempt``.
+    """
+    out, raised = attempt(what, run)
+    if raised is None:
+        fail(f"{what} returned {(shown or describe)(out)}: {accepted}", fix)
+    if not isinstance(raised, error):
+        line = first_line(raised)
+        fail(f"{what} raised {type(raised).__name__}{f' ({line})' if line else ''}, not {error.__name__}", fix)
+    return raised
+
+
 def call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)``, turning a stub or a crash into a verdict that names ``what`` was called.
 

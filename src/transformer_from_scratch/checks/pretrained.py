@@ -24,7 +24,7 @@ from torch import nn
 from .. import reference
 from ..tokenizer import Tokenizer
 from ..transformer_lm import TransformerLM
-from ._harness import attempt, call, describe, fail, passed
+from ._harness import attempt, call, describe, fail, passed, refuses
 from ._tiny_gguf import NORM_EPS, ROPE_THETA, SIZES, TEMPLATE, write_tiny_gguf
 from .steps.pretrained import _reference_tokenizer
 from .tokenizer import short
@@ -131,22 +131,16 @@ def _check_weights(model: nn.Module, state: dict[str, torch.Tensor], what: str, 
 def _check_errors(load_gguf: Callable[..., Any], folder: Path) -> None:
     missing = folder / "no-such-file.gguf"
     what = "load_gguf(a path where there is no file)"
-    out, error = attempt(what, load_gguf, str(missing))
-    if not isinstance(error, FileNotFoundError):
-        fail(f"{what} " + ("returned " + describe(out) if error is None else f"raised {type(error).__name__}") +
-             ", not FileNotFoundError", "check the path first and raise FileNotFoundError saying to run "
-             "`make weights`, which fetches the file")
+    error = refuses(what, lambda: load_gguf(str(missing)), FileNotFoundError, "a missing file is not refused",
+                    "check the path first and raise FileNotFoundError saying to run `make weights`, which fetches "
+                    "the file")
     if "make weights" not in str(error):
         fail(f"{what} raised FileNotFoundError without saying how to get the file ({str(error).strip()[:80]})",
              "name `make weights` in the message: it fetches SmolLM2's file")
     what = "load_gguf(a file whose architecture is qwen2)"
-    out, error = attempt(what, load_gguf, str(folder / "qwen2.gguf"))
-    if error is None:
-        fail(f"{what} returned {describe(out)}: another architecture is accepted", "raise ValueError naming it: "
-             "another architecture has other parts, and this TransformerLM would compute something else")
-    if not isinstance(error, ValueError):
-        fail(f"{what} raised {type(error).__name__} ({str(error).strip()[:60]}), not ValueError",
-             "check general.architecture first (model_config) and raise ValueError naming it")
+    error = refuses(what, lambda: load_gguf(str(folder / "qwen2.gguf")), ValueError,
+                    "another architecture is accepted, though it has other parts and this TransformerLM would compute "
+                    "something else", "check general.architecture first (model_config) and raise ValueError naming it")
     if "qwen2" not in str(error):
         fail(f"{what} raised ValueError without naming the architecture ({str(error).strip()[:80]})",
              "say which architecture the file has (general.architecture) and that load_gguf reads llama")
@@ -352,12 +346,10 @@ def _check_chat(chat: Callable[..., Any]) -> None:
              "default_system(tokenizer.chat_template)), then pick the most likely token at each step (temperature 0), "
              "feeding each new token through the cache")
     _check_sampling(chat, model, tokenizer, expected)
-    what = "chat(model, tokenizer, [])"
     with torch.random.fork_rng(devices=[]):
-        out, error = attempt(what, chat, model, tokenizer, [])
-    if not isinstance(error, ValueError):
-        fail(f"{what} " + (f"returned {short(out)}" if error is None else f"raised {type(error).__name__}") +
-             ": an empty conversation is not refused", "raise ValueError for an empty list (chat_prompt does)")
+        refuses("chat(model, tokenizer, [])", lambda: chat(model, tokenizer, []), ValueError,
+                "an empty conversation is not refused", "raise ValueError for an empty list (chat_prompt does)",
+                shown=short)
 
 
 def _check_script(chat: Callable[..., Any], model: TransformerLM, tokenizer: Tokenizer) -> None:

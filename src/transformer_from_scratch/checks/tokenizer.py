@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from .. import tokenizer as course
-from ._harness import attempt, call, crashed, describe, fail, passed
+from ._harness import attempt, call, crashed, describe, fail, passed, refuses
 
 EOT = "<|endoftext|>"
 EOT2 = EOT + EOT  # a special token that overlaps EOT: where both match, the longer one wins
@@ -299,13 +299,9 @@ def _check_merges(out: list[Pair], expected: list[Pair], text: str, vocab_size: 
 
 def _check_too_small(impl: Callable[..., Any], path: Path) -> None:
     what = f"train_bpe({path.name!r}, vocab_size=256, special_tokens=[{EOT!r}])"
-    _, error = attempt(what, impl, str(path), 256, [EOT], **_one_process(impl))
-    if error is None:
-        fail(f"{what} returns a vocab: 256 bytes and a special token do not fit in 256 ids",
-             "raise ValueError when vocab_size < 256 + len(special_tokens), naming the value")
-    if not isinstance(error, ValueError):
-        fail(f"{what} raised {type(error).__name__} ({str(error).strip().splitlines()[0] if str(error).strip() else ''}), "
-             "not ValueError", "check vocab_size first: raise ValueError when it is below 256 + len(special_tokens)")
+    refuses(what, lambda: impl(str(path), 256, [EOT], **_one_process(impl)), ValueError,
+            "256 bytes and a special token do not fit in 256 ids", "check vocab_size first: raise ValueError when it "
+            "is below 256 + len(special_tokens), naming the value")
 
 
 def check_train_bpe(train_bpe: Callable[..., Any]) -> None:
@@ -490,23 +486,14 @@ def _check_decode(tokenizer: Any, reference: course.Tokenizer) -> None:
 
 def _check_bad_input(tokenizer: Any, size: int) -> None:
     for bad in (42, b"bytes"):
-        what = f"Tokenizer.encode({bad!r})"
-        _, error = attempt(what, tokenizer.encode, bad)
-        if error is None:
-            fail(f"{what} returns ids for a {type(bad).__name__}", "raise TypeError naming the type when the text "
-                 "is not a str")
-        if not isinstance(error, TypeError):
-            fail(f"{what} raised {type(error).__name__}, not TypeError", "check isinstance(text, str) first and raise "
-                 "TypeError naming the type")
+        refuses(f"Tokenizer.encode({bad!r})", lambda: tokenizer.encode(bad), TypeError,
+                f"a {type(bad).__name__} is encoded as if it were text", "check isinstance(text, str) first and raise "
+                "TypeError naming the type")
     for bad in (size + 3, -1):
-        what = f"Tokenizer.decode([{bad}]) (the vocab has ids 0 … {size - 1})"
-        out, error = attempt(what, tokenizer.decode, [bad])
-        if error is None:
-            fail(f"{what} returned {out!r} for an id outside the vocab", "raise ValueError naming the id when it is "
-                 "not in the vocab" + (" (a negative index picks from the end of a list)" if bad < 0 else ""))
-        if not isinstance(error, ValueError):
-            fail(f"{what} raised {type(error).__name__}, not ValueError", "check that each id is in the vocab and "
-                 "raise ValueError naming it")
+        refuses(f"Tokenizer.decode([{bad}]) (the vocab has ids 0 … {size - 1})", lambda: tokenizer.decode([bad]),
+                ValueError, "an id outside the vocab is decoded" + (" (a negative index picks from the end of a list)"
+                                                                    if bad < 0 else ""),
+                "check that each id is in the vocab and raise ValueError naming it", shown=repr)
 
 
 def _check_special_appended(tokenizer: Any, size: int) -> None:
