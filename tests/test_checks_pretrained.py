@@ -154,7 +154,8 @@ LOAD_MUTANTS += [
 @torch.no_grad()
 def learners_chat(model, tokenizer, messages, *, max_new_tokens=256, temperature=0.0, top_k=None, top_p=None,
                   seed=None, on_token=None, system=True, generation=True, keep_end=False, stop=True, extra=0,
-                  limit=True, pieces="incremental", use_seed=True, sample=True, guard=True):
+                  limit=True, pieces="incremental", use_seed=True, sample=True, guard=True, filters=True,
+                  context=True, feed="new", loop="budget"):
     if not messages and not guard:
         return ""
     default = pretrained.default_system(tokenizer.chat_template) if system else None
@@ -165,16 +166,19 @@ def learners_chat(model, tokenizer, messages, *, max_new_tokens=256, temperature
     end = tokenizer.special_ids["<|im_end|>"]
     generator = torch.Generator().manual_seed(seed) if seed is not None and use_seed else None
     budget = max_new_tokens + extra if limit else 20
-    length = min(model.context_length, len(prompt) + budget)
+    length = len(prompt) + budget if not context else \
+        min(model.context_length - (context == "one short"), len(prompt) + budget)
     cache = [KVCache(1, b.attn.num_kv_heads, length, b.attn.d_k) for b in model.layers]
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     ids, reply, text = torch.tensor([prompt]), [], ""
-    for _ in range(length - len(prompt)):
-        logits = model(ids, cache=cache)[0, -1].float()
+    steps = model.context_length - len(prompt) if loop == "context" else length - len(prompt)
+    for _ in range(steps):
+        logits = model(ids, cache=None if feed == "all, no cache" else cache)[0, -1].float()
         if temperature == 0 or not sample:
             next_id = int(logits.argmax())
         else:
-            next_id = int(torch.multinomial(next_token_distribution(logits, temperature, top_k, top_p), 1,
+            kept = (top_k, top_p) if filters else (None, None)
+            next_id = int(torch.multinomial(next_token_distribution(logits, temperature, *kept), 1,
                                             generator=generator))
         if next_id == end and stop:
             if keep_end:
@@ -187,7 +191,7 @@ def learners_chat(model, tokenizer, messages, *, max_new_tokens=256, temperature
                      "stripped": lambda: utf8.decode(tokenizer.vocab[next_id]).strip()}[pieces]()
             if piece:
                 on_token(piece)
-        ids = torch.tensor([[next_id]])
+        ids = torch.tensor([[next_id]]) if feed == "new" else torch.tensor([prompt + reply])
     return tokenizer.decode(reply)
 
 
@@ -208,6 +212,12 @@ CHAT_MUTANTS = [
     (chatter(use_seed=False), "the seed is not used"),
     (chatter(sample=False), "temperature is ignored"),
     (chatter(guard=False), "an empty conversation is not refused"),
+    (chatter(filters=False), "top_k is ignored"),
+    (chatter(context=False), "the reply runs past the end of the context"),
+    (chatter(context="one short"), "not the 35 tokens that fill the context"),
+    (chatter(feed="all, no cache"), "runs the model without a cache"),
+    (chatter(feed="all"), "ids at step 2, the whole text again"),
+    (chatter(loop="context"), "the loop runs past the positions its cache holds"),
     (lambda model, tokenizer, messages, **kwargs: list(learners_chat(model, tokenizer, messages, **kwargs)),
      "not a str"),
 ]

@@ -1,6 +1,7 @@
 """The step checks of notebook 14 pass the right steps and name each planted mistake on their first line."""
 
 import gguf
+import pytest
 import regex
 import torch
 
@@ -128,7 +129,8 @@ def q4_1(blocks, *, order="halves", minimum="add", scale="f16", offset=0, rows="
     qs = b[:, 4:]
     lo, hi = qs & 15, qs >> 4
     q = {"halves": lambda: torch.cat([lo, hi], 1), "interleaved": lambda: torch.stack([lo, hi], -1).flatten(1),
-         "high_first": lambda: torch.cat([hi, lo], 1)}[order]().to(d.dtype) - offset
+         "high_first": lambda: torch.cat([hi, lo], 1), "unshifted": lambda: torch.cat([lo, qs & 0xF0], 1)
+         }[order]().to(d.dtype) - offset
     out = {"add": lambda: d * q + m, "swapped": lambda: d * q + m, "forgot": lambda: d * q,
            "multiply": lambda: d * q * m}[minimum]()
     out = out if scale == "half" else out.to(out_dtype)
@@ -149,6 +151,7 @@ Q8_0_MUTANTS = [
 Q4_1_MUTANTS = [
     (variant(q4_1, order="interleaved"), "the nibbles are interleaved"),
     (variant(q4_1, order="high_first"), "the high and low nibbles are swapped"),
+    (variant(q4_1, order="unshifted"), "the high nibbles are masked but not shifted"),
     (variant(q4_1, minimum="forgot"), "the minimum m is forgotten"),
     (variant(q4_1, minimum="multiply"), "the minimum m is multiplied in"),
     (variant(q4_1, minimum="swapped"), "the scale d and the minimum m are swapped"),
@@ -183,6 +186,8 @@ def learners_our_name(name, *, block=None, number=r"\d+", pick=None, suffix=".we
         return name
     if unknown == "key":
         raise KeyError(name)
+    if unknown == "unnamed":
+        raise ValueError("unknown tensor")
     raise ValueError(f"no TransformerLM weight for {name!r}")
 
 
@@ -206,6 +211,7 @@ NAME_MUTANTS = [
     (variant(learners_our_name, block={"attn_k": "attn.v_proj", "attn_v": "attn.k_proj"}),
      "not the name in TransformerLM's state dict"),
     (variant(learners_our_name, unknown="pass"), "an unknown name passes through"),
+    (variant(learners_our_name, unknown="unnamed"), "raised ValueError without naming the tensor"),
     (variant(learners_our_name, unknown="key"), "raised KeyError ('blk.3.attn_qkv.weight'), not ValueError"),
 ]
 
@@ -255,15 +261,18 @@ TOKENIZER_MUTANTS = [
 # --- chat_prompt --------------------------------------------------------------------------------------------------
 
 def learners_prompt(messages, system=None, *, end="<|im_end|>\n", tail="<|im_start|>assistant\n", when="first",
-                    none="skip", swap=False, guard=True):
+                    none="skip", swap=False, guard=True, role_end="\n"):
     if guard and not messages:
         raise ValueError("no messages")
-    if system is not None and (when == "always" or messages[0]["role"] != "system"):
-        messages = [{"role": "system", "content": system}, *messages]
+    if system is not None and when == "insert" and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system})  # the caller's list
+    elif system is not None and (when == "always" or messages[0]["role"] != "system"):
+        added = {"role": "system", "content": system}
+        messages = [*messages, added] if when == "last" else [added, *messages]
     elif system is None and none == "add" and messages:
         messages = [{"role": "system", "content": str(system)}, *messages]
     turns = [(m["content"], m["role"]) if swap else (m["role"], m["content"]) for m in messages]
-    return "".join(f"<|im_start|>{a}\n{b}{end}" for a, b in turns) + tail
+    return "".join(f"<|im_start|>{a}{role_end}{b}{end}" for a, b in turns) + tail
 
 
 def _index_error(messages, system=None):
@@ -281,8 +290,44 @@ PROMPT_MUTANTS = [
     (variant(learners_prompt, swap=True), "the role and the content are swapped"),
     (variant(learners_prompt, guard=False), "an empty conversation is accepted"),
     (_index_error, "raised IndexError (list index out of range), not ValueError"),
+    (variant(learners_prompt, role_end=""), "no newline between a message's role and its content"),
+    (variant(learners_prompt, end="<|endoftext|>\n"), "end with <|endoftext|>, not <|im_end|>"),
+    (variant(learners_prompt, when="last"), "the system message comes last"),
+    (variant(learners_prompt, when="insert"), "changed the caller's messages (1 went in, 2 came out, ['system', 'user'])"),
+
     (lambda messages, system=None: learners_prompt(messages, system).encode(), "not a str"),
 ]
+
+def test_a_prompt_unlike_any_named_mistake_shows_where_it_parts_from_the_template():
+    """Both strings from just before their first difference: a verdict that cut them both at the same place would
+    show the learner two identical texts."""
+    with pytest.raises(AssertionError) as error:
+        check_chat_prompt(variant(learners_prompt, tail="<|im_start|>assistant\n\n"))
+    first, evidence = str(error.value).splitlines()
+    assert "is not the template's prompt" in first
+    assert evidence.startswith("they part at character "), evidence
+    yours, template = evidence.split(": yours has ")[1].split(", the template ")
+    assert yours.endswith("<|im_start|>assistant\\n\\n' (its end)"), evidence
+    assert template.endswith("<|im_start|>assistant\\n' (its end)"), evidence
+
+
+def test_an_unnamed_dequantization_mistake_shows_the_first_wrong_weight():
+    """Weights 16 to 31 of each block wrong (here: the high nibbles doubled): the evidence starts at weight 16, where
+    yours and the expected weights differ, not at weight 0, where they agree."""
+    def doubled_high(blocks):
+        out = q4_1(blocks).clone()
+        out.view(-1, 32)[:, 16:] *= 2
+        return out
+
+    with pytest.raises(AssertionError) as error:
+        check_dequantize_q4_1(doubled_high)
+    first, evidence = str(error.value).splitlines()
+    assert "differs from llama.cpp's dequantization" in first
+    assert evidence.startswith("the first wrong weight is weight 16 of block 0: from there, yours ["), evidence
+    yours, expected = ([float(v) for v in listed.split(", ")] for listed in regex.findall(r"\[([^\]]*)\]", evidence))
+    assert len(yours) == len(expected) == 4 and yours != expected, evidence
+    assert all(abs(a - 2 * b) < 1e-3 for a, b in zip(yours, expected)), evidence
+
 
 RIGHT = [(check_model_config, model_config), (check_dequantize_q8_0, dequantize_q8_0),
          (check_dequantize_q4_1, dequantize_q4_1), (check_our_name, our_name),

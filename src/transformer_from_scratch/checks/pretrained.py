@@ -24,7 +24,7 @@ from torch import nn
 from .. import reference
 from ..tokenizer import Tokenizer
 from ..transformer_lm import TransformerLM
-from ._harness import attempt, call, describe, fail, passed, refuses
+from ._harness import attempt, call, crashed, describe, fail, first_line, passed, refuses
 from ._tiny_gguf import NORM_EPS, ROPE_THETA, SIZES, TEMPLATE, write_tiny_gguf
 from .steps.pretrained import _reference_tokenizer
 from .tokenizer import short
@@ -297,14 +297,46 @@ SCRIPT = "Hi €é!"  # two characters of several bytes, each byte its own token
 
 def _chat(chat: Callable[..., Any], model: nn.Module, tokenizer: Any, messages: list[dict], what: str,
           draw: int = 0, **kwargs: Any) -> Any:
-    """chat(...) through call, a str back; torch's own generator at a new state for each ``draw`` (a chat that
-    samples without its seed draws other tokens each time), and the caller's put back afterwards."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(draw)
-        out = call(what, chat, model, tokenizer, [dict(m) for m in messages], **kwargs)
+    """chat(...), a str back; torch's own generator at a new state for each ``draw`` (a chat that samples without its
+    seed draws other tokens each time), and the caller's put back afterwards. Every call of the model is watched: its
+    number of ids and whether it got a cache, so that a chat without the cache, or one that feeds it the whole text
+    again, is named (even when that made it fail). A cache that overflows is named as a loop that runs too long."""
+    calls: list[tuple[int, bool]] = []
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append((args[0].shape[-1], kwargs.get("cache") is not None)),
+        with_kwargs=True)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(draw)
+            out, error = attempt(what, chat, model, tokenizer, [dict(m) for m in messages], **kwargs)
+    finally:
+        hook.remove()
+    _check_cache_use(calls, what)
+    if isinstance(error, ValueError) and "do not fit after the" in str(error):  # KVCache.update's refusal
+        fail(f"{what} raised ValueError ({first_line(error)}): the loop runs past the positions its cache holds",
+             "the cache holds the prompt and the reply (prompt + max_new_tokens, at most context_length): stop "
+             "after max_new_tokens tokens, or where the context ends, whichever comes first")
+    if isinstance(error, ValueError) and "more than context_length" in str(error):  # TransformerLM's refusal
+        fail(f"{what} raised ValueError ({short(first_line(error), 90)}): the reply runs past the end of the context",
+             "stop where the prompt and the reply fill model.context_length, even when max_new_tokens allows more")
+    if error is not None:
+        crashed(what, error)
     if not isinstance(out, str):
         fail(f"{what} returned {describe(out)}, not a str", "return the reply's text")
     return out
+
+
+def _check_cache_use(calls: list[tuple[int, bool]], what: str) -> None:
+    """The model's calls of one chat, (ids, cache given): the prompt once, then one new id a call, with the caches."""
+    if len(calls) > 1 and not any(cached for _, cached in calls):
+        fail(f"{what} runs the model without a cache: each step computes the whole text again", "make one KVCache "
+             "per block (KVCache.for_model(model), or sized for prompt + reply), pass it as model(ids, cache=...), "
+             "and after the prompt feed the newest id alone")
+    again = [(step, n) for step, (n, cached) in enumerate(calls, 1) if step > 1 and cached and n > 1]
+    if again:
+        fail(f"{what} feeds the model {again[0][1]} ids at step {again[0][0]}, the whole text again, though its cache "
+             "holds all but the newest", "after the prompt, call the model on the new id alone (torch.tensor([[next_id]])): the "
+             "cache holds every earlier key and value")
 
 
 def check_chat(chat: Callable[..., Any]) -> None:
@@ -315,14 +347,16 @@ def check_chat(chat: Callable[..., Any]) -> None:
     seed makes sampling repeatable and temperature > 0 samples; ValueError for no messages.
 
     Mistakes it recognises: the prompt without the template's default system prompt, or without
-    <|im_start|>assistant\\n; <|im_end|> in the reply, or decoding past it; max_new_tokens not respected (one more, one
-    fewer, or ignored); on_token pieces that split a character or do not join to the reply; the seed ignored;
-    temperature ignored (always greedy); an empty message list accepted.
+    <|im_start|>assistant\\n; no KV cache, or the whole text fed to it again at each step; <|im_end|> in the reply, or
+    decoding past it; max_new_tokens not respected (one more, one fewer, ignored, or a loop that overflows the cache);
+    no stop where the context ends; on_token pieces that split a character or do not join to the reply; the seed
+    ignored; temperature, top_k or top_p ignored; an empty message list accepted.
     """
     with one_thread():
         _check_chat(chat)
-    passed("chat: the greedy reply on the template's prompt, stopping at <|im_end|> (left out), on_token's pieces "
-           "whole characters that join to the reply, max_new_tokens respected, sampling repeatable with a seed")
+    passed("chat: the greedy reply on the template's prompt, one new id a step through the KV cache, stopping at "
+           "<|im_end|> (left out), at max_new_tokens or where the context ends; on_token's pieces whole characters "
+           "that join to the reply; sampling repeatable with a seed, top_k and top_p applied")
 
 
 def _check_chat(chat: Callable[..., Any]) -> None:
@@ -346,6 +380,7 @@ def _check_chat(chat: Callable[..., Any]) -> None:
              "default_system(tokenizer.chat_template)), then pick the most likely token at each step (temperature 0), "
              "feeding each new token through the cache")
     _check_sampling(chat, model, tokenizer, expected)
+    _check_context(chat, model, tokenizer)
     with torch.random.fork_rng(devices=[]):
         refuses("chat(model, tokenizer, [])", lambda: chat(model, tokenizer, []), ValueError,
                 "an empty conversation is not refused", "raise ValueError for an empty list (chat_prompt does)",
@@ -405,3 +440,27 @@ def _check_sampling(chat: Callable[..., Any], model: TransformerLM, tokenizer: T
         fail(f"with temperature=1.5 the replies are the greedy one ({greedy!r}): temperature is ignored",
              "at temperature > 0 sample the next token from softmax(logits / temperature) (next_token_distribution), "
              "the most likely one only at temperature 0")
+    for knob, value in (("top_k", 1), ("top_p", 1e-6)):  # either keeps the most likely token alone: greedy
+        for draw, seed in enumerate((0, 1, 2)):
+            what = f"chat(model, tokenizer, {MESSAGES!r}, max_new_tokens={n}, temperature=1.5, {knob}={value}, " \
+                   f"seed={seed})"
+            reply = _chat(chat, model, tokenizer, MESSAGES, what, 2000 + draw, max_new_tokens=n, temperature=1.5,
+                          seed=seed, **{knob: value})
+            if not greedy.startswith(reply):
+                fail(f"{what} returned {reply!r}, not the start of the greedy reply {greedy!r}: {knob} is ignored",
+                     f"pass top_k and top_p on to next_token_distribution: {knob}={value} keeps the most likely "
+                     "token alone")
+
+
+def _check_context(chat: Callable[..., Any], model: TransformerLM, tokenizer: Tokenizer) -> None:
+    """A reply that may run on (max_new_tokens far beyond the context) stops where the context ends, as greedy
+    decoding of context_length - len(prompt) tokens does."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    room = model.context_length - len(tokenizer.encode(_render(messages)))
+    what = f"chat(model, tokenizer, {messages!r}, max_new_tokens={10 * model.context_length}) on a model of " \
+           f"context_length={model.context_length}"
+    out = _chat(chat, model, tokenizer, messages, what, max_new_tokens=10 * model.context_length)
+    expected = _greedy(model, tokenizer, _render(messages), room)
+    if out != expected:
+        fail(f"{what} returned {short(out)}, not the {room} tokens that fill the context ({short(expected)})",
+             "stop where the prompt and the reply fill model.context_length, even when max_new_tokens allows more")

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ...tokenizer import GPT2_PATTERN, Tokenizer, bytes_to_unicode
-from .._harness import attempt, call, crashed, describe, expect_tensor, fail, passed, refuses
+from .._harness import attempt, call, crashed, describe, expect_tensor, fail, first_line, passed, refuses
 from ..tokenizer import short
 
 # ---------------------------------------------------------------------------------------------------------
@@ -188,6 +188,8 @@ def q4_1_variant(blocks: torch.Tensor, mistake: str | None = None) -> torch.Tens
         q = torch.stack([low, high], dim=-1).reshape(-1, 32)
     elif mistake == "high_first":
         q = torch.cat([high, low], dim=1)
+    elif mistake == "unshifted":
+        q = torch.cat([low, qs & 0xF0], dim=1)
     elif mistake == "scale_int":
         d, m = b[:, 0:2].contiguous().view(torch.int16).float(), b[:, 2:4].contiguous().view(torch.int16).float()
     elif mistake == "big_endian":
@@ -222,6 +224,8 @@ Q4_1_MISTAKES = {
                     "its high nibble weight j + 16: all 16 low nibbles first, then all 16 high ones"),
     "high_first": ("the high and low nibbles are swapped", "byte j's LOW nibble (& 0x0F) is weight j, its HIGH "
                    "nibble (>> 4) weight j + 16"),
+    "unshifted": ("the high nibbles are masked but not shifted (& 0xF0 gives 16·q)", "shift them down: byte >> 4 is "
+                  "the high nibble as a number 0 … 15"),
     "no_min": ("the minimum m is forgotten", "Q4_1 stores 32 weights as d·q + m: q runs over 0 … 15, so m shifts "
                "them down to the block's smallest weight"),
     "min_multiplied": ("the minimum m is multiplied in, not added", "each weight is d·q + m: m is the block's "
@@ -286,8 +290,18 @@ def _check_dequantize(fn: Callable[[torch.Tensor], torch.Tensor], kind: str, blo
                 fail(message, fix, f"on {what}: yours matches that mistake")
         worst = (out - expected).abs().nan_to_num(nan=float("inf")).max().item()
         fail(f"{what} differs from llama.cpp's dequantization by up to {worst:.3g}", f"each block of {block} bytes is "
-             f"{layout}", f"the first weights: yours {out.flatten()[:4].tolist()}, expected "
-             f"{expected.flatten()[:4].tolist()}")
+             f"{layout}", _first_wrong_weights(out, expected))
+
+
+def _first_wrong_weights(out: torch.Tensor, expected: torch.Tensor, count: int = 4) -> str:
+    """The evidence of a wrong dequantization: where the first wrong weight lies (its block, counted in reading order
+    over the rows, and its place among the block's 32) and the weights from there, yours and the expected ones."""
+    out, expected = out.flatten(), expected.flatten()
+    wrong = ~torch.isclose(out, expected, rtol=1e-6, atol=1e-6)
+    first = int(wrong.nonzero()[0])
+    return (f"the first wrong weight is weight {first % 32} of block {first // 32}: from there, yours "
+            f"{[round(v, 4) for v in out[first:first + count].tolist()]}, expected "
+            f"{[round(v, 4) for v in expected[first:first + count].tolist()]}")
 
 
 def check_dequantize_q8_0(dequantize_q8_0: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -310,7 +324,7 @@ def check_dequantize_q4_1(dequantize_q4_1: Callable[[torch.Tensor], torch.Tensor
     nibbles (byte j: weight j in the low nibble, weight j + 16 in the high one), to the float32 weights d·q + m,
     (*rows, nbytes // 20 * 32); against gguf.quants (llama.cpp's code).
 
-    Mistakes it recognises: the nibbles interleaved; high and low swapped; the minimum forgotten or multiplied; d and m
+    Mistakes it recognises: the nibbles interleaved; high and low swapped; the high ones not shifted; the minimum forgotten or multiplied; d and m
     swapped; q shifted by 8 (Q4_0's offset); the scales read as integers or with their bytes swapped; one scale for
     every block; a whole row read as one block; the rows lost; float16 (or another dtype) out.
     """
@@ -389,11 +403,14 @@ def check_our_name(our_name: Callable[[str], str]) -> None:
              "the module that holds that weight (CONTRACT.md's names): q_proj, k_proj, v_proj, output_proj, ln1, ln2, "
              "w1, w2, w3, token_embeddings, ln_final, lm_head")
     for name in UNKNOWN_NAMES:
-        refuses(f"our_name({name!r})", lambda: our_name(name), ValueError, "an unknown name passes through, to "
-                "fail later, far from its cause, or be dropped", "raise ValueError naming the tensor for a name the "
-                "model has no place for", shown=repr)
+        error = refuses(f"our_name({name!r})", lambda: our_name(name), ValueError, "an unknown name passes through, "
+                        "to fail later, far from its cause, or be dropped", "raise ValueError naming the tensor for a "
+                        "name the model has no place for", shown=repr)
+        if name not in str(error):
+            fail(f"our_name({name!r}) raised ValueError without naming the tensor ({short(first_line(error), 60)})",
+                 "put the name in the message: among a file's hundreds of tensors, it says which one has no place")
     passed("our_name: every llama tensor's name in TransformerLM's state dict (gate w1, up w3, down w2; attn_norm ln1, "
-           "ffn_norm ln2; any block number), ValueError for an unknown one")
+           "ffn_norm ln2; any block number), ValueError naming an unknown one")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -558,12 +575,14 @@ def render_template(messages: list[dict], system: str | None) -> str:
 def prompt_variant(messages: list[dict], system: str | None, mistake: str) -> str:
     """chat_prompt with a named mistake."""
     if system is not None and (mistake == "system_always" or messages[0]["role"] != "system"):
-        messages = [{"role": "system", "content": system}, *messages]
+        added = {"role": "system", "content": system}
+        messages = [*messages, added] if mistake == "system_last" else [added, *messages]
     if mistake == "system_none" and system is None:
         messages = [{"role": "system", "content": "None"}, *messages]
-    end = "<|im_end|>" if mistake == "no_newline" else "<|im_end|>\n"
+    end = {"no_newline": "<|im_end|>", "endoftext": "<|endoftext|>\n"}.get(mistake, "<|im_end|>\n")
+    after_role = "" if mistake == "no_role_newline" else "\n"
     turn = (lambda m: f"<|im_start|>{m['content']}\n{m['role']}{end}") if mistake == "swapped" else \
-        (lambda m: f"<|im_start|>{m['role']}\n{m['content']}{end}")
+        (lambda m: f"<|im_start|>{m['role']}{after_role}{m['content']}{end}")
     tail = {"no_generation": "", "no_generation_newline": "<|im_start|>assistant"}.get(mistake,
                                                                                       "<|im_start|>assistant\n")
     return "".join(turn(m) for m in messages) + tail
@@ -580,7 +599,25 @@ PROMPT_MISTAKES = {
                       "messages[0]['role'] is not 'system': the conversation's own system prompt wins"),
     "system_none": ("a system message is added when system is None", "with system=None add no system message"),
     "swapped": ("the role and the content are swapped", "each message is <|im_start|>{role}\\n{content}<|im_end|>\\n"),
+    "no_role_newline": ("there is no newline between a message's role and its content", "each message is "
+                        "<|im_start|>{role}\\n{content}<|im_end|>\\n: the newline ends the role"),
+    "endoftext": ("the messages end with <|endoftext|>, not <|im_end|>", "<|endoftext|> ends a document; ChatML ends "
+                  "each message with <|im_end|> (and a newline), the token SmolLM2 learnt to write after a reply"),
+    "system_last": ("the system message comes last, after the conversation", "put it first: the model reads its "
+                    "instructions before the conversation"),
 }
+
+
+def where_they_part(out: str, expected: str, before: int = 24, after: int = 24) -> str:
+    """Where two strings first differ, as one line: the character's index, then each string from a little before it
+    (repr, so that a newline shows as \\n)."""
+    i = next((k for k, (a, b) in enumerate(zip(out, expected)) if a != b), min(len(out), len(expected)))
+    start = max(0, i - before)
+
+    def piece(text: str) -> str:
+        shown = repr(text[start:i + after])
+        return ("…" if start else "") + shown + ("…" if i + after < len(text) else " (its end)")
+    return f"they part at character {i}: yours has {piece(out)}, the template {piece(expected)}"
 
 
 def check_chat_prompt(chat_prompt: Callable[..., str]) -> None:
@@ -588,13 +625,19 @@ def check_chat_prompt(chat_prompt: Callable[..., str]) -> None:
     a system message first when ``system`` is given and the messages start without one, then <|im_start|>assistant\\n;
     against SmolLM2's own Jinja template rendered by jinja2; ValueError for an empty list.
 
-    Mistakes it recognises: no newline after <|im_end|>; no generation prompt, or one without its newline; a system
-    message added although the messages start with one, or when system is None; role and content swapped; an empty
-    list accepted.
+    Mistakes it recognises: no newline after <|im_end|>, or after the role; <|endoftext|> for <|im_end|>; no
+    generation prompt, or one without its newline; a system message added although the messages start with one, or
+    when system is None, or last; role and content swapped; the caller's list changed; an empty list accepted. Any
+    other difference is shown where the prompt parts from the template's.
     """
     for messages, system in PROMPT_CASES:
         what = f"chat_prompt({short(messages, 90)}, system={short(system, 40)})"
-        out = call(what, chat_prompt, [dict(m) for m in messages], system)
+        given = [dict(m) for m in messages]
+        out = call(what, chat_prompt, given, system)
+        if given != messages:
+            fail(f"{what} changed the caller's messages ({len(messages)} went in, {len(given)} came out, "
+                 f"{short([m.get('role') if isinstance(m, dict) else m for m in given], 60)})", "build a new list (or the text directly): an insert or append into `messages` adds the system "
+                 "message to the conversation the caller keeps, and shows it as a reply")
         if not isinstance(out, str):
             fail(f"{what} returned {describe(out)}, not a str", "return the prompt's text")
         expected = render_template(messages, system)
@@ -604,9 +647,9 @@ def check_chat_prompt(chat_prompt: Callable[..., str]) -> None:
             wrong = prompt_variant(messages, system, mistake)
             if wrong != expected and out == wrong:
                 fail(message, fix, f"on {what}: yours matches that mistake")
-        fail(f"{what} returned {short(out)}, not the template's prompt", "write each message as <|im_start|>{role}"
-             "\\n{content}<|im_end|>\\n, a system message first if needed, then <|im_start|>assistant\\n",
-             f"expected {short(expected)}")
+        fail(f"{what} is not the template's prompt", "write each message as <|im_start|>{role}\\n{content}"
+             "<|im_end|>\\n, a system message first if needed, then <|im_start|>assistant\\n",
+             where_they_part(out, expected))
     refuses("chat_prompt([])", lambda: chat_prompt([]), ValueError, "an empty conversation is accepted, with "
             "nothing to reply to", "check the list first and raise ValueError when it is empty", shown=short)
     passed("chat_prompt: ChatML as SmolLM2's template writes it (newline after each <|im_end|>, the system message "
