@@ -293,7 +293,8 @@ PROMPT_MUTANTS = [
     (variant(learners_prompt, role_end=""), "no newline between a message's role and its content"),
     (variant(learners_prompt, end="<|endoftext|>\n"), "end with <|endoftext|>, not <|im_end|>"),
     (variant(learners_prompt, when="last"), "the system message comes last"),
-    (variant(learners_prompt, when="insert"), "changed the caller's messages (1 went in, 2 came out, ['system', 'user'])"),
+    (variant(learners_prompt, when="insert"),
+     "changed the caller's messages (1 went in, 2 came out, ['system', 'user'])"),
 
     (lambda messages, system=None: learners_prompt(messages, system).encode(), "not a str"),
 ]

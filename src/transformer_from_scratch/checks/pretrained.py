@@ -335,8 +335,8 @@ def _check_cache_use(calls: list[tuple[int, bool]], what: str) -> None:
     again = [(step, n) for step, (n, cached) in enumerate(calls, 1) if step > 1 and cached and n > 1]
     if again:
         fail(f"{what} feeds the model {again[0][1]} ids at step {again[0][0]}, the whole text again, though its cache "
-             "holds all but the newest", "after the prompt, call the model on the new id alone (torch.tensor([[next_id]])): the "
-             "cache holds every earlier key and value")
+             "holds all but the newest", "after the prompt, call the model on the new id alone "
+             "(torch.tensor([[next_id]])): the cache holds every earlier key and value")
 
 
 def check_chat(chat: Callable[..., Any]) -> None:

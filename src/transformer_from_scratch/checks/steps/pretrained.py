@@ -324,9 +324,10 @@ def check_dequantize_q4_1(dequantize_q4_1: Callable[[torch.Tensor], torch.Tensor
     nibbles (byte j: weight j in the low nibble, weight j + 16 in the high one), to the float32 weights d·q + m,
     (*rows, nbytes // 20 * 32); against gguf.quants (llama.cpp's code).
 
-    Mistakes it recognises: the nibbles interleaved; high and low swapped; the high ones not shifted; the minimum forgotten or multiplied; d and m
-    swapped; q shifted by 8 (Q4_0's offset); the scales read as integers or with their bytes swapped; one scale for
-    every block; a whole row read as one block; the rows lost; float16 (or another dtype) out.
+    Mistakes it recognises: the nibbles interleaved; high and low swapped; the high ones not shifted; the minimum
+    forgotten or multiplied; d and m swapped; q shifted by 8 (Q4_0's offset); the scales read as integers or with
+    their bytes swapped; one scale for every block; a whole row read as one block; the rows lost; float16 (or another
+    dtype) out.
     """
     _check_dequantize(dequantize_q4_1, "Q4_1", 20, 4, q4_1_variant, Q4_1_MISTAKES,
                       "float16 d (bytes 0–1), float16 m (bytes 2–3), then 16 bytes whose low nibbles are weights "
@@ -636,7 +637,8 @@ def check_chat_prompt(chat_prompt: Callable[..., str]) -> None:
         out = call(what, chat_prompt, given, system)
         if given != messages:
             fail(f"{what} changed the caller's messages ({len(messages)} went in, {len(given)} came out, "
-                 f"{short([m.get('role') if isinstance(m, dict) else m for m in given], 60)})", "build a new list (or the text directly): an insert or append into `messages` adds the system "
+                 f"{short([m.get('role') if isinstance(m, dict) else m for m in given], 60)})",
+                 "build a new list (or the text directly): an insert or append into `messages` adds the system "
                  "message to the conversation the caller keeps, and shows it as a reply")
         if not isinstance(out, str):
             fail(f"{what} returned {describe(out)}, not a str", "return the prompt's text")
