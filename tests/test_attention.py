@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from conftest import DEVICES, FLOAT_DTYPES, LEADING_SHAPES
 
 from transformer_from_scratch import scaled_dot_product_attention
+from transformer_from_scratch.checks.attention import rounding_steps
 
 N, M, D_K, D_V = 5, 7, 8, 3  # n != m and d_v != d_k, so a swapped axis cannot go unnoticed
 HALF_DTYPES = [pytest.param(torch.float16, id="float16"), pytest.param(torch.bfloat16, id="bfloat16")]
@@ -230,3 +231,14 @@ def test_integer_inputs_are_refused():
     Q, K, V = random_qkv()
     with pytest.raises(TypeError, match=r"parameter 'Q'"):
         scaled_dot_product_attention(Q.long(), K, V)
+
+
+def test_attention_computes_half_precision_in_float32():
+    """The course's attention rounds once, at the end: every output of bfloat16 inputs with sharp scores is within
+    one rounding step of the exact answer (computed in bfloat16 throughout, some are dozens of steps off)."""
+    gen = torch.Generator().manual_seed(0)
+    Q, K, V = (scale * torch.randn(2, 9, 64, generator=gen) for scale in (3, 3, 1))
+    Q, K, V = Q.bfloat16(), K.bfloat16(), V.bfloat16()
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    exact = torch.nn.functional.scaled_dot_product_attention(Q.double(), K.double(), V.double(), attn_mask=causal)
+    assert rounding_steps(scaled_dot_product_attention(Q, K, V, causal), exact) <= 1.5

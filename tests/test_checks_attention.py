@@ -18,14 +18,23 @@ def scores_of(Q, K):
     return Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
 
 
-def plain(Q, K, V, mask=None):
-    """Correct, written differently from the package: matmul, torch.softmax, zero rows for queries with no key."""
+def in_its_dtype(Q, K, V, mask=None):
+    """matmul, torch.softmax, zero rows for queries with no key, all in the inputs' dtype: right in float32 and
+    float64, but half precision rounds on the way."""
     scores = scores_of(Q, K)
     if mask is None:
         return torch.softmax(scores, dim=-1) @ V
     no_key = ~mask.any(dim=-1, keepdim=True)
     weights = torch.softmax(scores.masked_fill(~mask & ~no_key, NEG_INF), dim=-1)
     return weights.masked_fill(no_key, 0.0) @ V
+
+
+def plain(Q, K, V, mask=None):
+    """Correct, written differently from the package: in_its_dtype, with half precision computed in float32 and
+    rounded once at the end."""
+    half = Q.dtype in (torch.float16, torch.bfloat16)
+    out = in_its_dtype(*(t.float() if half else t for t in (Q, K, V)), mask)
+    return out.to(Q.dtype)
 
 
 # --- the planted mistakes --------------------------------------------------------------------------------
@@ -162,6 +171,7 @@ MUTANTS = [
     (fully_masked_rows_attend_everywhere, "attend to every key"),
     (additive_mask_zeroed_after, "Q.grad has NaN when a query may attend to nothing"),
     (no_max_subtracted, "exp overflows"),
+    (in_its_dtype, "the work is done in bfloat16"),
     (detached_keys, "no gradient reaches K"),
 ]
 

@@ -138,10 +138,23 @@ def test_greedy_replies_equal_transformers(ours, hf_model, question):
         assert reply == "The capital of France is Paris."
 
 
-def test_bfloat16_answers_too(path):
-    model, tokenizer = load_gguf(path, dtype=torch.bfloat16)
-    assert model.lm_head.weight.dtype == torch.bfloat16
-    assert "Paris" in chat(model, tokenizer, [{"role": "user", "content": QUESTIONS[0]}], max_new_tokens=12)
+def test_bfloat16_follows_float32(path, ours):
+    """bfloat16 is the float32 model rounded: along a whole reply, read teacher-forced, its next-token distributions
+    stay close to float32's. Not one greedy text: a near-tie early in a reply sends it elsewhere after any rounding
+    change, and half-precision kernels round differently from one CPU to another (Intel's AMX units). Measured on
+    this test's reply: mean KL 0.002, max 0.04, top-1 agreement 0.95-1.0, with and without AMX."""
+    model, tokenizer = ours
+    half, _ = load_gguf(path, dtype=torch.bfloat16)
+    assert half.lm_head.weight.dtype == torch.bfloat16
+    messages = [{"role": "user", "content": QUESTIONS[0]}]
+    text = chat_prompt(messages, default_system(tokenizer.chat_template)) + chat(model, tokenizer, messages)
+    ids = torch.tensor([tokenizer.encode(text)])
+    with torch.no_grad():
+        exact, rounded = (torch.log_softmax(m(ids)[0].double(), dim=-1) for m in (model, half))
+    kl = (exact.exp() * (exact - rounded)).sum(-1)  # KL(float32 || bfloat16) at every position, in nats
+    agreement = (exact.argmax(-1) == rounded.argmax(-1)).double().mean().item()
+    assert kl.mean() < 0.02 and kl.max() < 0.2 and agreement >= 0.9, (kl.mean(), kl.max(), agreement)
+
 
 
 # --- the tokenizer -----------------------------------------------------------------------------------------------

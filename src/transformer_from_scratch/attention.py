@@ -1,6 +1,6 @@
 # Generated from notebooks/05_attention.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 0357bb383ae22d929e493a7b6f08d7f46ec1ef3b5fb635938e0782b4765abd2c
+# body-sha256: 481bd8f2bccb8bb2e94a159cf483a7c985c7b0136a0e9a7cd2a35ab484076f68
 
 import math
 
@@ -58,6 +58,7 @@ def scaled_dot_product_attention(
         (..., n, d_v). A key the mask forbids gets weight exactly 0. A query with no allowed key at all
         gets the zero vector and passes back zero (finite) gradients instead of NaN, as
         F.scaled_dot_product_attention does: one fully padded row must not poison a batch.
+        float16 and bfloat16 are computed in float32 and rounded once, at the end, to Q's dtype.
 
     Raises:
         TypeCheckError (a TypeError): the shapes disagree; the message names the argument and the sizes.
@@ -71,13 +72,15 @@ def scaled_dot_product_attention(
             f"mask to the scores (0 = attend, -inf = blocked), the opposite meaning of a 1/0 'may attend' mask. "
             f"Convert it to say which you mean: `keep.bool()` for 1 = attend, `additive == 0` for 0 = attend."
         )
+    dtype = Q.dtype  # half precision is computed in float32 and rounded once, at the end (Pitfall 3)
+    Q, K, V = (t.to(torch.promote_types(dtype, torch.float32)) for t in (Q, K, V))  # float64 stays float64
     # Scale the (..., n, d_k) queries rather than the (..., n, m) scores: the same numbers, fewer to divide.
     scores = einsum(Q / math.sqrt(Q.shape[-1]), K, "... n d_k, ... m d_k -> ... n m")
     if mask is None:
-        return einsum(softmax(scores, dim=-1), V, "... n m, ... m d_v -> ... n d_v")
+        return einsum(softmax(scores, dim=-1), V, "... n m, ... m d_v -> ... n d_v").to(dtype)
     no_key = ~mask.any(dim=-1, keepdim=True)  # (..., n, 1): queries that may attend to nothing
     # Forbidden keys get -inf (weight exactly 0). A row with no allowed key keeps its finite scores:
     # all -inf would make its softmax 0/0 = NaN, and NaN * 0 is still NaN in the backward pass.
     scores = scores.masked_fill(~mask & ~no_key, float("-inf"))
     output = einsum(softmax(scores, dim=-1), V, "... n m, ... m d_v -> ... n d_v")
-    return output.masked_fill(no_key, 0.0)  # zero those rows: (..., n, d_v) is smaller than the (..., n, m) weights
+    return output.masked_fill(no_key, 0.0).to(dtype)  # zero those rows: (..., n, d_v) is smaller than the weights
