@@ -1,13 +1,17 @@
 """check_train_bpe and check_tokenizer pass the right implementations (the course's, and a learner's naive trainer
 built from notebook 13's steps) and name each classic mistake, planted here as a small change of either."""
 
+import heapq
+import types
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 import regex
 
+from transformer_from_scratch import tokenizer as course
 from transformer_from_scratch.checks import check_tokenizer, check_train_bpe
-from transformer_from_scratch.tokenizer import Tokenizer, train_bpe
+from transformer_from_scratch.tokenizer import GPT2_PATTERN, Tokenizer, train_bpe
 from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
 from test_steps_tokenizer import count_pretokens, naive_merges, split_on_special
 
@@ -97,6 +101,68 @@ def _raises_type_error(input_path, vocab_size, special_tokens):
 TRAIN_MUTANTS.append((_raises_type_error, "raised TypeError (too small), not ValueError"))
 
 
+# --- train_bpe: the incremental trainer with one bookkeeping mistake -----------------------------------------------
+
+def learn_merges(word_counts, num_merges, *, subtract=True, skip_stale=True, push_fallen=True, index_new=True,
+                 weighted_updates=True):
+    """The lazy-heap trainer of the final class, with a knob for each bookkeeping step a learner may forget."""
+    words = [[bytes([b]) for b in w.encode("utf-8")] for w in word_counts]
+    freqs = list(word_counts.values())
+    pairs, holders = Counter(), defaultdict(set)
+    for i, w in enumerate(words):
+        for p in zip(w, w[1:]):
+            pairs[p] += freqs[i]
+            holders[p].add(i)
+    heap = [(-n, course._Greater(p)) for p, n in pairs.items()]
+    heapq.heapify(heap)
+    merges = []
+    while heap and len(merges) < num_merges:
+        negative, entry = heapq.heappop(heap)
+        best = entry.pair
+        if skip_stale and pairs[best] != -negative:
+            continue
+        merges.append(best)
+        touched = set()
+        for i in holders.pop(best, set()):
+            old = words[i]
+            new = course._merge_word(old, best)
+            by = freqs[i] if weighted_updates else 1
+            if subtract:
+                for p in zip(old, old[1:]):
+                    pairs[p] -= by
+            old_pairs = set(zip(old, old[1:]))
+            for p in zip(new, new[1:]):
+                pairs[p] += by
+                if index_new or p in old_pairs:
+                    holders[p].add(i)
+            was, now = Counter(zip(old, old[1:])), Counter(zip(new, new[1:]))
+            touched |= {p for p in was | now if now[p] > was[p] or (push_fallen and now[p] != was[p])}
+            words[i] = new
+        pairs.pop(best, None)
+        for p in touched - {best}:
+            if pairs[p] > 0:
+                heapq.heappush(heap, (-pairs[p], course._Greater(p)))
+    return merges
+
+
+def incremental(**knobs):
+    def train(input_path, vocab_size, special_tokens):
+        counts = course._pretoken_counts(input_path, special_tokens, processes=1)
+        merges = learn_merges(counts, vocab_size - 256 - len(special_tokens), **knobs)
+        tokens = [bytes([b]) for b in range(256)] + [a + b for a, b in merges] + [t.encode() for t in special_tokens]
+        return dict(enumerate(tokens)), merges
+    return train
+
+
+TRAIN_MUTANTS += [
+    (incremental(subtract=False), "the pairs that a merge destroys were not subtracted"),
+    (incremental(skip_stale=False), "a popped entry whose count is out of date was not skipped"),
+    (incremental(push_fallen=False), "a pair whose count fell was not pushed again"),
+    (incremental(index_new=False), "the pairs created by a merge were not added to the index"),
+    (incremental(weighted_updates=False), "updates were not multiplied by how often each pre-token occurs"),
+]
+
+
 # --- Tokenizer: the course's with one mistake ------------------------------------------------------------------
 
 class PositionOrder(Tokenizer):
@@ -181,6 +247,43 @@ class ListIndexedDecode(Tokenizer):
         return b"".join(table[i] for i in ids).decode("utf-8", errors="replace")
 
 
+class OwnPatternIgnored(Tokenizer):
+    def encode(self, text):
+        if not isinstance(text, str):
+            raise TypeError(type(text).__name__)
+        ids = []
+        for piece in course._split_on_special(text, self.special_tokens):
+            ids += [self.special_ids[piece]] if piece in self.special_ids else \
+                [i for pretoken in regex.findall(GPT2_PATTERN, piece) for i in self._ids_of(pretoken)]
+        return ids
+
+
+class BlankDropped(Tokenizer):
+    def encode(self, text):
+        if not isinstance(text, str):
+            raise TypeError(type(text).__name__)
+        ids = []
+        for piece in course._split_on_special(text, self.special_tokens):
+            if piece in self.special_ids:
+                ids.append(self.special_ids[piece])
+            elif piece.strip():
+                ids += [i for pretoken in self.pattern.findall(piece) for i in self._ids_of(pretoken)]
+        return ids
+
+
+def _split_in_given_order(text, special_tokens):
+    """_split_on_special without the sort: the tokens tried in the order given."""
+    if not special_tokens:
+        return [text] if text else []
+    return [p for p in regex.split("(" + "|".join(map(regex.escape, special_tokens)) + ")", text) if p]
+
+
+class SplitNotSorted(Tokenizer):
+    """The course's encode, calling a _split_on_special that does not sort: Tokenizer's sorted tokens hide it."""
+    encode = types.FunctionType(Tokenizer.encode.__code__, {**vars(course), "_split_on_special": _split_in_given_order},
+                                "encode", Tokenizer.encode.__defaults__, Tokenizer.encode.__closure__)
+
+
 TOKENIZER_MUTANTS = [
     (PositionOrder, "position order"),
     (SpecialsAsText, "split into bytes like text"),
@@ -194,6 +297,9 @@ TOKENIZER_MUTANTS = [
     (NoTypeError, "a int is encoded as if it were text"),
     (KeyErrorOnDecode, "raised KeyError (411), not ValueError"),
     (ListIndexedDecode, "an id outside the vocab is decoded"),
+    (OwnPatternIgnored, "encode ignores the tokenizer's own pattern"),
+    (SplitNotSorted, "_split_on_special tries the special tokens in the order given"),
+    (BlankDropped, "a piece of white space alone between two special tokens is dropped"),
 ]
 
 

@@ -32,11 +32,13 @@ def count_pretokens(text, special_tokens, *, split=True, skip=True, find=None, j
     return dict.fromkeys(counts, 1) if ones else dict(counts)
 
 
-def merge_word(word, pair, *, step=2, first_only=False, ordered=True, as_str=False, as_pair=False, in_place=False):
+def merge_word(word, pair, *, step=2, first_only=False, ordered=True, as_str=False, as_pair=False, in_place=False,
+               first_half=False):
     out, i, merged = [], 0, False
     while i < len(word):
         here = tuple(word[i:i + 2])
-        if len(here) == 2 and not (first_only and merged) and (here == pair or not ordered and here == pair[::-1]):
+        matches = here == pair or not ordered and here == pair[::-1] or first_half and here[:1] == pair[:1]
+        if len(here) == 2 and not (first_only and merged) and matches:
             out.append(here if as_pair else (here[0] + here[1]).decode("latin-1") if as_str else here[0] + here[1])
             i += step
             merged = True
@@ -52,7 +54,7 @@ def merge_word(word, pair, *, step=2, first_only=False, ordered=True, as_str=Fal
 
 
 def naive_merges(word_counts, num_merges, *, tie="greater", weighted=True, across=False, chars=False, result="pair",
-                 stop=True, extra=0):
+                 stop=True, extra=0, once=False, store=True):
     words = [[c.encode() for c in w] if chars else [bytes([b]) for b in w.encode("utf-8")] for w in word_counts]
     counts = [c if weighted else 1 for c in word_counts.values()]
     if across:
@@ -61,7 +63,7 @@ def naive_merges(word_counts, num_merges, *, tie="greater", weighted=True, acros
     for _ in range(num_merges + extra):
         pairs = Counter()
         for w, c in zip(words, counts):
-            for p in zip(w, w[1:]):
+            for p in set(zip(w, w[1:])) if once else zip(w, w[1:]):
                 pairs[p] += c
         if not pairs and stop:
             break
@@ -69,7 +71,8 @@ def naive_merges(word_counts, num_merges, *, tie="greater", weighted=True, acros
         tied = [p for p in pairs if pairs[p] == top]
         best = {"greater": max, "smaller": min, "first": lambda t: t[0]}[tie](tied)
         merges.append(best)
-        words = [merge_word(w, best) for w in words]
+        if store:
+            words = [merge_word(w, best) for w in words]
     shown = {"pair": lambda p: p, "str": lambda p: (p[0].decode("latin-1"), p[1].decode("latin-1")),
              "token": lambda p: p[0] + p[1]}[result]
     return [shown(p) for p in merges]
@@ -147,6 +150,7 @@ MERGE_MUTANTS = [
     (_merged_from_the_right, "merged from the right"),
     (variant(merge_word, first_only=True), "only the first occurrence"),
     (variant(merge_word, ordered=False), "order is ignored"),
+    (variant(merge_word, first_half=True), "only the pair's first token is compared"),
     (variant(merge_word, as_str=True), "returned str, not bytes"),
     (variant(merge_word, as_pair=True), "the pair itself"),
     (variant(merge_word, in_place=True), "changes the caller's list in place"),
@@ -157,6 +161,8 @@ NAIVE_MUTANTS = [
     (variant(naive_merges, weighted=False), "counted once, not as often as the word occurs"),
     (variant(naive_merges, chars=True), "split into characters, not bytes"),
     (variant(naive_merges, across=True), "counted across words"),
+    (variant(naive_merges, once=True), "counted once for that word"),
+    (variant(naive_merges, store=False), "the words are not updated after a merge"),
     (variant(naive_merges, result="str"), "returns str, not bytes"),
     (variant(naive_merges, result="token"), "the merged tokens, not the pairs"),
     (variant(naive_merges, stop=False), "once no pair is left"),

@@ -8,10 +8,11 @@ result matches. The mistaken versions of the notebook's steps live here too, for
 
 from __future__ import annotations
 
+import heapq
 import inspect
 import re
 import tempfile
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -66,7 +67,9 @@ def merge_pieces(word: list[bytes], pair: Pair, mistake: str | None = None) -> l
     merged, i, done = [], 0, False
     while i < len(word):
         here = tuple(word[i:i + 2])
-        if len(here) == 2 and not done and (here == pair or (mistake == "unordered" and here == pair[::-1])):
+        hit = here == pair or (mistake == "unordered" and here == pair[::-1]) or \
+            (mistake == "first_half" and len(here) == 2 and here[0] == pair[0])
+        if len(here) == 2 and not done and hit:
             merged.append(here[0] + here[1])
             i += 2
             done = mistake == "first_only"
@@ -102,7 +105,7 @@ def bpe_merges(word_counts: dict[str, int], num_merges: int, mistake: str | None
     for _ in range(num_merges):
         pairs: Counter = Counter()
         for word, count in zip(words, counts):
-            for pair in zip(word, word[1:]):
+            for pair in set(zip(word, word[1:])) if mistake == "once_per_word" else zip(word, word[1:]):
                 pairs[pair] += count
         if not pairs:
             break
@@ -113,8 +116,68 @@ def bpe_merges(word_counts: dict[str, int], num_merges: int, mistake: str | None
         else:
             best = max(pairs, key=lambda p: (pairs[p], p))
         merges.append(best)
-        words = [merge_pieces(word, best) for word in words]
+        if mistake != "not_stored":
+            words = [merge_pieces(word, best) for word in words]
     return merges
+
+
+def incremental_merges(word_counts: dict[str, int], num_merges: int, mistake: str | None = None,
+                       chosen: list[int] | None = None) -> list[Pair]:
+    """_learn_merges: pair counts and the index pair -> pre-tokens kept up to date, a lazy heap for the top pair;
+    or with one of its bookkeeping mistakes (INCREMENTAL_MISTAKES). ``chosen`` receives the count each merge was
+    chosen with."""
+    words = [[bytes([b]) for b in word.encode("utf-8")] for word in word_counts]
+    freqs = list(word_counts.values())
+    pairs: Counter = Counter()
+    where: defaultdict = defaultdict(set)
+    for i, word in enumerate(words):
+        for pair in zip(word, word[1:]):
+            pairs[pair] += freqs[i]
+            where[pair].add(i)
+    heap = [(-count, course._Greater(pair)) for pair, count in pairs.items()]
+    heapq.heapify(heap)
+    merges: list[Pair] = []
+    while heap and len(merges) < num_merges:
+        count, top = heapq.heappop(heap)
+        pair = top.pair
+        if mistake != "stale_kept" and pairs.get(pair, 0) != -count:
+            continue
+        merges.append(pair)
+        if chosen is not None:
+            chosen.append(-count)
+        changed = set()
+        for i in where.pop(pair, set()):
+            old, new = words[i], merge_pieces(words[i], pair)
+            weight = 1 if mistake == "updates_unweighted" else freqs[i]
+            before, after = Counter(zip(old, old[1:])), Counter(zip(new, new[1:]))
+            for p in before:
+                pairs[p] -= 0 if mistake == "not_subtracted" else weight * before[p]
+            for p in after:
+                pairs[p] += weight * after[p]
+                if mistake != "not_indexed" or p in before:
+                    where[p].add(i)
+            rose = mistake == "fallen_not_pushed"
+            changed |= {p for p in before.keys() | after.keys() if (after[p] > before[p] if rose else
+                                                                      after[p] != before[p])}
+            words[i] = new
+        pairs.pop(pair, None)
+        for p in changed - {pair}:
+            if pairs[p] > 0:
+                heapq.heappush(heap, (-pairs[p], course._Greater(p)))
+    return merges
+
+
+def recount(word_counts: dict[str, int], merges: list[Pair]) -> Counter:
+    """The pair counts, counted from scratch, on the pre-tokens after ``merges``: the truth a trainer's kept counts
+    must equal."""
+    pairs: Counter = Counter()
+    for word, count in word_counts.items():
+        tokens = [bytes([b]) for b in word.encode("utf-8")]
+        for pair in merges:
+            tokens = merge_pieces(tokens, pair)
+        for pair in zip(tokens, tokens[1:]):
+            pairs[pair] += count
+    return pairs
 
 
 # ------------------------------------------------------------------------------------------------- helpers
@@ -188,9 +251,11 @@ TRAIN_MISTAKES: dict[str, tuple[str, str]] = {
     "str_split": ("the pre-tokens are the text split on white space (str.split), not GPT-2's pattern: the spaces are "
                   "lost", "pre-tokenize with GPT-2's pattern: the leading space belongs to the word (' low')"),
     "smaller": ("ties between equally frequent pairs go to the smaller pair",
-                "break ties towards the lexicographically greater pair: max over (count, pair)"),
+                "break ties towards the lexicographically greater pair: of two pairs with the top count, the greater "
+                "(compared as tuples of bytes) is merged"),
     "first_seen": ("ties between equally frequent pairs go to the first pair counted",
-                   "break ties towards the lexicographically greater pair: max over (count, pair), not the count alone"),
+                   "break ties towards the lexicographically greater pair, whatever order the pairs were "
+                   "counted in: the count decides first, the pair itself second"),
     "unweighted": ("each pre-token's pairs are counted once, not as often as the pre-token occurs",
                    "add each pre-token's count to every pair in it"),
 }
@@ -229,19 +294,19 @@ def _train(impl: Callable[..., Any], path: Path, vocab_size: int, specials: list
 def _check_types(vocab: dict, merges: list, what: str) -> None:
     values = list(vocab.values())
     if any(isinstance(v, str) for v in values):
-        fail(f"{what}: the vocab's tokens are str, not bytes", "keep every token as bytes: bytes([b]) for the 256 "
-             "single bytes, a + b for a merge, token.encode('utf-8') for a special token")
+        fail(f"{what}: the vocab's tokens are str, not bytes", "keep every token as bytes: the 256 single bytes, a "
+             "merge's two tokens joined, a special token's UTF-8 encoding")
     if not all(isinstance(v, bytes) for v in values):
         fail(f"{what}: the vocab's tokens are {_kinds(values)}, not bytes", "map each id to its token as bytes")
     if not all(isinstance(i, int) for i in vocab):
         fail(f"{what}: the vocab's keys are {_kinds(vocab)}, not ids (int)", "map each id (an int) to its token")
     if any(isinstance(m, bytes) for m in merges):
-        fail(f"{what}: merges holds the merged tokens, not the pairs", "record each merge as the pair (a, b) of "
-             "bytes that was merged, not a + b")
+        fail(f"{what}: merges holds the merged tokens, not the pairs", "record each merge as the pair of tokens "
+             "that was merged, not the token it made")
     if any(isinstance(m, (tuple, list)) and any(isinstance(part, str) for part in m) for m in merges) or \
             any(isinstance(m, str) for m in merges):
         fail(f"{what}: the merges are str, not bytes", "keep each merge as a pair of bytes, (b'l', b'ow'): the "
-             "tokens are bytes from the start (bytes([b]) for b in word.encode('utf-8'))")
+             "tokens are bytes from the start, a pre-token's UTF-8 bytes one by one")
     if not all(isinstance(m, (tuple, list)) and len(m) == 2 and all(isinstance(p, bytes) for p in m) for m in merges):
         fail(f"{what}: the merges are {_kinds(merges)}, not pairs of bytes", "merges is a list of (bytes, bytes)")
 
@@ -256,7 +321,7 @@ def _check_vocab(vocab: dict, specials: list[str], vocab_size: int, what: str) -
              "(as its UTF-8 bytes), after the merges, whether or not the text holds it")
     if not byte_tokens <= set(vocab.values()):
         fail(f"{what}: some of the 256 single bytes are missing from the vocab", "start the vocab with every byte: "
-             "id b holds bytes([b]) for b in 0 … 255")
+             "id b holds the single byte of value b, for b in 0 … 255")
     if ids != list(range(len(ids))):
         fail(f"{what}: the vocab's ids are not 0 … {len(ids) - 1} (they run {ids[0]} … {ids[-1]}"
              f"{' with gaps' if ids[-1] - ids[0] + 1 != len(ids) else ''})", "number the tokens densely from 0: the "
@@ -269,7 +334,8 @@ def _check_vocab(vocab: dict, specials: list[str], vocab_size: int, what: str) -
         if first == [s.encode("utf-8") for s in specials]:
             fail(f"{what}: the special tokens come first in the vocab", "ids 0 … 255 are the single bytes (id = the "
                  "byte's value, as notebook 11's tokens), then one id per merge, then the special tokens")
-        fail(f"{what}: ids 0 … 255 are not the single bytes in order", "id b holds bytes([b]) for b in 0 … 255")
+        fail(f"{what}: ids 0 … 255 are not the single bytes in order", "id b holds the single byte of value b, for "
+             "b in 0 … 255")
 
 
 def _check_merges(out: list[Pair], expected: list[Pair], text: str, vocab_size: int, specials: list[str],
@@ -289,12 +355,68 @@ def _check_merges(out: list[Pair], expected: list[Pair], text: str, vocab_size: 
         fail(f"{what}: {len(out)} merges for vocab_size={vocab_size} (one too {'many' if len(out) > wanted else 'few'})",
              "make exactly vocab_size − 256 − len(special_tokens) merges, so that the vocab has vocab_size tokens")
     same_as(out, expected, lambda m: _train_variant(text, vocab_size, specials, m), TRAIN_MISTAKES, what)
+    _diagnose_incremental(out, expected, _counts_of(text, specials, None), vocab_size - 256 - len(specials), what)
     step = next(i for i, (a, b) in enumerate(zip(out + [None] * len(expected), expected + [None] * len(out)))
                 if a != b)
     fail(f"{what}: merge {step} is {out[step] if step < len(out) else 'missing'!r}, expected "
          f"{expected[step] if step < len(expected) else 'none'!r}", "count each pair of adjacent tokens inside each "
          "pre-token, weighted by the pre-token's count; merge the most frequent (ties: the greater pair) everywhere; "
          "repeat", f"the first {step} merges agree")
+
+
+_STALE = "the pair's current count"
+INCREMENTAL_MISTAKES: dict[str, tuple[str, str]] = {
+    "not_subtracted": ("merge {k} chose {x!r} with count {c}, but after merge {before} that pair occurs {n} times: the "
+                       "pairs that a merge destroys were not subtracted", "in each pre-token a merge changes, take the "
+                       "pre-token's count off every pair of its old tokens before adding it to the pairs of the new "
+                       "ones"),
+    "stale_kept": ("merge {k} chose {x!r} from a stale heap entry (count {c}), but after merge {before} that pair "
+                   "occurs {n} times: a popped entry whose count is out of date was not skipped", "compare a popped "
+                   "entry's count with " + _STALE + " and drop it when they differ: a pair whose count changed has "
+                   "a newer entry"),
+    "fallen_not_pushed": ("pair {y!r} (count {m} after merge {before}) was never chosen, merge {k} took {x!r} (count "
+                          "{n}): a pair whose count fell was not pushed again, so its only entry is stale and skipped",
+                          "push a fresh entry for every pair whose count changed, down as well as up (if it is still "
+                          "above zero)"),
+    "not_indexed": ("pair {y!r} (count {m} after merge {before}) was never chosen: the pairs created by a merge were "
+                    "not added to the index of the pre-tokens that hold them, so merging such a pair changed no "
+                    "pre-token", "when a merge's new tokens make a pair, record that this pre-token holds it, as for "
+                    "the pairs counted at the start"),
+    "updates_unweighted": ("merge {k} chose {x!r} with count {c}, but after merge {before} that pair occurs {n} times: "
+                           "the count updates were not multiplied by how often each pre-token occurs", "a pre-token "
+                           "that occurs c times changes each of its pairs' counts by c, when it is merged as at the "
+                           "start"),
+}
+
+
+def _diagnose_incremental(out: list[Pair], expected: list[Pair], word_counts: dict[str, int], num_merges: int,
+                          what: str) -> None:
+    """Where the merges first differ, recount the pairs from scratch (the truth) on the pre-tokens merged so far and
+    compare with what the learner's choice implies: name the bookkeeping mistake of the incremental trainer whose
+    first wrong merge is the learner's, else say how the learner's choice and the truth differ."""
+    step = next((i for i, (a, b) in enumerate(zip(out, expected)) if a != b), None)
+    if step is None:
+        return
+    truth = recount(word_counts, expected[:step])
+    x, y = out[step], expected[step]
+    numbers = {"k": step, "before": step - 1, "x": x, "y": y, "n": truth[x], "m": truth[y]}
+    evidence = (f"on {what}: merges 0 … {step - 1} agree; counted from scratch after them, {y!r} is the most "
+                "frequent pair")
+    for name, (mistake, fix) in INCREMENTAL_MISTAKES.items():
+        chosen: list[int] = []
+        wrong = incremental_merges(word_counts, num_merges, name, chosen)
+        if wrong[:step + 1] == out[:step + 1]:
+            fail(mistake.format(c=chosen[step], **numbers), fix, evidence)
+    if x in out[:step]:
+        fail(f"merge {step} repeats merge {out.index(x)}, {x!r}, which no pre-token holds any more: a heap entry "
+             "that is out of date was chosen", "skip a popped entry whose count differs from " + _STALE +
+             " (a merged pair has none)", evidence)
+    if truth[x] < truth[y]:
+        fail(f"merge {step} chose {x!r}, which occurs {truth[x]} times after merge {step - 1}, while {y!r} occurs "
+             f"{truth[y]} times: the pair counts kept between merges are out of date", "after each merge the kept "
+             "counts must equal a count from scratch: subtract the old pairs and add the new ones (weighted by the "
+             "pre-token's count) and push every changed count; compare with your naive trainer of Step 4",
+             evidence)
 
 
 def _check_too_small(impl: Callable[..., Any], path: Path) -> None:
@@ -315,7 +437,11 @@ def check_train_bpe(train_bpe: Callable[..., Any]) -> None:
     one merge too many or too few; not stopping when no pair is left; the special tokens trained on (the text not
     split on them, their pieces pre-tokenized, or counted as words); the special tokens deleted and the text around
     them joined; merges across pre-tokens (no pre-tokenization, or str.split); ties to the smaller pair or to the first
-    counted; counts not weighted; no ValueError for a vocab_size below 256 + the special tokens.
+    counted; counts not weighted; no ValueError for a vocab_size below 256 + the special tokens. Where the merges
+    first differ, the pairs are counted again from scratch on the pre-tokens merged so far, to name the incremental
+    trainer's bookkeeping mistake: a merge's old pairs not subtracted; a stale heap entry not skipped; a pair whose
+    count fell not pushed again; the pairs a merge creates not added to the index; updates not weighted by the
+    pre-token's count (else: the merge repeats an earlier one, or the counts kept are out of date).
     """
     if not callable(train_bpe):
         fail(f"check_train_bpe got {describe(train_bpe)}, not a function", "pass the function itself: "
@@ -335,7 +461,8 @@ def check_train_bpe(train_bpe: Callable[..., Any]) -> None:
             if vocab != ref_vocab:
                 wrong = next(i for i in sorted(ref_vocab) if vocab.get(i) != ref_vocab[i])
                 fail(f"{what}: id {wrong} holds {vocab.get(wrong)!r}, expected {ref_vocab[wrong]!r}",
-                     "ids 0 … 255 the single bytes, then one id per merge (a + b) in the order learnt, then the "
+                     "ids 0 … 255 the single bytes, then one id per merge (its two tokens joined) in the order learnt, "
+                     "then the "
                      "special tokens in the order given")
         _check_too_small(train_bpe, path)
     passed("check_train_bpe: the course's vocab and merges on texts with ties, multi-byte characters, special tokens "
@@ -352,7 +479,7 @@ TEXTS = [
     "", "Hello, world! It's 2024: 12345 + 0.5 = ?", "  leading and trailing  \t\n  ", "café naïve 北京 🙂👍🏽 ŋ",
     "def f(x):\n\treturn x**2  # square\n\n\n\nprint(f(3))", "You are all resolved rather to die than to famish?",
     "Before we proceed any further, hear me speak: resolved, resolved!", f"Speak{EOT}speak{EOT2}{EOT}{EOT}{EOT}. {EOT}",
-    f"{EOT}{EOT}", "All:\nSpeak, speak.\n\n\nFirst Citizen:\n",
+    f"{EOT}{EOT}", "All:\nSpeak, speak.\n\n\nFirst Citizen:\n", f"The end.{EOT}\n\n{EOT} {EOT}Act II",
 ]
 TOKENIZER_SPECIALS = [EOT, EOT2]  # EOT2 is not in the trained vocab: it gets the next id
 LINES = ["First Citizen:\n", "\n", "\n", "\n", "All:\n", "Speak, speak.\n", "\n", "\n", "\n", "You are all resolved.\n"]
@@ -367,6 +494,8 @@ def encode_variant(text: str, reference: course.Tokenizer, mistake: str) -> list
     for piece in split_pieces(text, specials, "shortest_first" if mistake == "shortest_first" else None):
         if piece in specials:
             out.append(reference.ids[piece.encode("utf-8")])
+            continue
+        if mistake == "blank_dropped" and not piece.strip():
             continue
         for pretoken in find(piece):
             parts = encode_parts(pretoken, reference.ranks, "position" if mistake == "position" else None)
@@ -441,6 +570,9 @@ ENCODE_MISTAKES = {
                          "first and give each its own id"),
     "shortest_first": ("where special tokens overlap, the shorter one is matched first",
                        "match the longest special token first (sort them by length, longest first)"),
+    "blank_dropped": ("a piece of white space alone between two special tokens is dropped, so decode(encode(text)) "
+                      "loses it ('\\n\\n' between two <|endoftext|>)", "encode every piece that is not a special "
+                      "token, white space too: it is text like any other"),
 }
 
 
@@ -540,6 +672,51 @@ def _check_iterable(tokenizer: Any, reference: course.Tokenizer) -> None:
              "file larger than memory can be encoded")
 
 
+# GPT-2's pattern with each digit a pre-token of its own, as SmolLM2's (notebook 14): a Tokenizer built with it must
+# pre-tokenize with it
+DIGITS_PATTERN = course.GPT2_PATTERN.replace(r" ?\p{N}+", r"\p{N}")
+DIGIT_TEXTS = ["Hello, world! It's 2024: 12345 + 0.5 = ?", "return 42, 1024 and 3.14"]
+
+
+def _check_own_pattern(impl: type, vocab: dict[int, bytes], merges: list[Pair]) -> None:
+    what = "Tokenizer(vocab, merges, [EOT], pattern=<GPT-2's with each digit alone>)"
+    tokenizer = call(what, impl, dict(vocab), list(merges), [EOT], pattern=DIGITS_PATTERN)
+    reference = course.Tokenizer(vocab, merges, [EOT], pattern=DIGITS_PATTERN)
+    gpt2 = course.Tokenizer(vocab, merges, [EOT])
+    for text in DIGIT_TEXTS:
+        out, shown = _encode(tokenizer, text)
+        expected = reference.encode(text)
+        if out == expected:
+            continue
+        if out == gpt2.encode(text):
+            fail("encode ignores the tokenizer's own pattern: it pre-tokenizes with GPT-2's, so a tokenizer built with "
+                 "another (here each digit alone, as SmolLM2's) cuts numbers as GPT-2 does", "pre-tokenize with the "
+                 "pattern the tokenizer was built with, which it holds", f"on {shown} of {what}")
+        fail(f"{shown} differs from the expected ids with a pattern that splits every digit", "pre-tokenize with "
+             "the tokenizer's own pattern, then merge each pre-token by rank", f"yours {short(out)}, expected "
+             f"{short(expected)}")
+
+
+def _check_split_function(impl: type) -> None:
+    """The learner's _split_on_special, called by name in encode, on overlapping special tokens given shortest first:
+    Tokenizer hands it the tokens sorted, train_bpe does not, so encode alone cannot show the mistake."""
+    encode = getattr(impl, "encode", None)
+    code, names = getattr(encode, "__code__", None), getattr(encode, "__globals__", {})
+    if code is None or "_split_on_special" not in code.co_names or not callable(names.get("_split_on_special")):
+        return
+    text, order = f"one{EOT2}two{EOT}three", [EOT, EOT2]
+    what = f"_split_on_special({text!r}, {order!r})"
+    out = call(what, names["_split_on_special"], text, list(order))
+    expected = split_pieces(text, order)
+    if out == split_pieces(text, order, "shortest_first"):
+        fail("_split_on_special tries the special tokens in the order given, so a shorter one that overlaps a longer "
+             "one wins where it comes first", "order them longest first inside the function: encode's are sorted, "
+             "but train_bpe passes them as the caller gave them", f"{what} returned {short(out)}")
+    if out != expected:
+        fail(f"{what} returned {short(out)}, expected {short(expected)}", "cut around every special token, the "
+             "longest first where two overlap, and keep each as a piece of its own")
+
+
 def check_tokenizer(Tokenizer: type) -> None:  # noqa: N803 - the learner's class
     """Check the learner's ``Tokenizer(vocab, merges, special_tokens=None)`` with a vocab and merges trained by the
     course's train_bpe on a small text, and the special tokens <|endoftext|> and <|endoftext|><|endoftext|> (which
@@ -553,7 +730,10 @@ def check_tokenizer(Tokenizer: type) -> None:  # noqa: N803 - the learner's clas
     Mistakes it recognises: merges applied in position order, not by rank; special tokens split into bytes; the
     shorter of two overlapping special tokens matched first; a special token missing from the vocab not appended (or
     not at the next id); decode token by token (U+FFFD in the middle of a character) or with errors='strict';
-    encode_iterable encoding line by line (differs on '\\n\\n\\n') or reading everything first (returning a list).
+    encode_iterable encoding line by line (differs on '\\n\\n\\n') or reading everything first (returning a list);
+    white space alone between two special tokens dropped; encode pre-tokenizing with GPT-2's pattern whatever the
+    tokenizer's own (a Tokenizer built with pattern= that splits every digit); the _split_on_special that encode calls
+    not putting the longest special token first when given the shortest first (Tokenizer sorts them, train_bpe not).
     """
     if not inspect.isclass(Tokenizer):
         name = type(Tokenizer).__name__
@@ -568,6 +748,8 @@ def check_tokenizer(Tokenizer: type) -> None:  # noqa: N803 - the learner's clas
     _check_decode(tokenizer, reference)
     _check_iterable(tokenizer, reference)
     _check_bad_input(tokenizer, len(vocab) + 1)
+    _check_own_pattern(Tokenizer, vocab, merges)
+    _check_split_function(Tokenizer)
     plain = _construct(Tokenizer, vocab, merges, None)
     out, what = _encode(plain, EOT)
     if out != course.Tokenizer(vocab, merges).encode(EOT):

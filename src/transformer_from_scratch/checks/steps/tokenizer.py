@@ -24,8 +24,8 @@ SPLIT_MISTAKES = {
     "unescaped_dropped": ("the special tokens are not escaped ('|' read as regex alternation) and are dropped: the text "
                           "is cut at every '<', 'endoftext' and '>'", _ESCAPE + ", inside a capturing group (…)"),
     "dropped": ("the special tokens are dropped: they must stay in the list, each as its own piece (training leaves "
-                "them out later, encoding gives each its id)", "split with a capturing group, re.split('(' + pattern "
-                "+ ')', text), so the special tokens are kept"),
+                "them out later, encoding gives each its id)", "keep what the split matches: a split whose pattern is "
+                "one capturing group puts each match in the list, between the pieces"),
     "shortest_first": ("where special tokens overlap, a shorter one is matched first (the tokens are tried shortest "
                        "first, or in the order of the list)", "sort the special tokens longest first before joining "
                        "them: the alternation takes the first that matches"),
@@ -101,10 +101,10 @@ PRETOKEN_MISTAKES = {
     "str_split": ("the words are split on white space (str.split), not with GPT-2's pattern: the spaces are lost",
                   "find the pre-tokens with GPT-2's pattern (regex.finditer): the leading space belongs to the word "
                   "(' the')"),
-    "chars": ("single characters are counted, not pre-tokens", "count GPT-2's pre-tokens: the pattern's matches "
-              "(regex.finditer(pattern, piece))"),
+    "chars": ("single characters are counted, not pre-tokens", "count GPT-2's pre-tokens: the matches of its "
+              "pattern in each piece"),
     "ones": ("every pre-token is counted once (a set), not as often as it occurs", "count each occurrence: "
-             "collections.Counter, or counts[token] = counts.get(token, 0) + 1"),
+             "a pre-token found n times has the count n"),
 }
 PRETOKEN_CASES = [
     (f"Hello, world! The cat's hat{EOT}the cats  sat on 2024 mats.{EOT}\n\nHello again, world!", [EOT]),
@@ -156,15 +156,18 @@ MERGE_CASES = [
     (_b("a", "a", "a"), (b"a", b"a")), (_b("a", "a", "a", "a"), (b"a", b"a")),
     (_b("l", "o", "w", " ", "l", "o"), (b"l", b"o")), (_b("b", "a", "b", "a"), (b"a", b"b")),
     (_b("b", "a"), (b"a", b"b")), ([E_ACUTE[:1], E_ACUTE[1:], b"t", E_ACUTE[:1], E_ACUTE[1:]], (E_ACUTE[:1], E_ACUTE[1:])),
-    (_b("x", "y"), (b"y", b"z")), ([], (b"a", b"b")), (_b("a"), (b"a", b"a")),
+    (_b("x", "y"), (b"y", b"z")), ([], (b"a", b"b")), (_b("a"), (b"a", b"a")), (_b("a", "c", "a", "b"), (b"a", b"b")),
 ]
 MERGE_MISTAKES = {
     "right_to_left": ("the occurrences are merged from the right: [a, a, a] with (a, a) gives [a, aa]",
                       "scan from the left: [a, a, a] with (a, a) is [aa, a]"),
     "first_only": ("only the first occurrence of the pair is merged", "merge every occurrence: keep scanning after a "
                    "merge"),
-    "unordered": ("the pair's order is ignored: (b, a) is merged as if it were (a, b)", "merge only where word[i] == "
-                  "pair[0] and word[i + 1] == pair[1], in that order"),
+    "first_half": ("only the pair's first token is compared: an occurrence of pair[0] is merged with whatever "
+                   "follows it", "merge two neighbours only where both match, the first with the pair's first token "
+                   "and the second with its second"),
+    "unordered": ("the pair's order is ignored: (b, a) is merged as if it were (a, b)", "a pair is ordered: merge two "
+                  "neighbours only where the first is the pair's first token and the second its second"),
 }
 
 
@@ -174,8 +177,8 @@ def check_merge_word(merge_word: Callable[[list[bytes], Pair], list[bytes]]) -> 
     list unchanged.
 
     Mistakes it recognises: overlapping merges (a token used twice: [aa, aa]); merging from the right ([a, aa]); only
-    the first occurrence; the pair's order ignored; str instead of bytes; the merged token kept as the pair (a
-    tuple); the caller's list changed in place.
+    the first occurrence; the pair's order ignored; only the pair's first token compared; str instead of bytes; the
+    merged token kept as the pair (a tuple); the caller's list changed in place.
     """
     for word, pair in MERGE_CASES:
         what = f"merge_word({word!r}, {pair!r})"
@@ -185,19 +188,21 @@ def check_merge_word(merge_word: Callable[[list[bytes], Pair], list[bytes]]) -> 
             fail(f"{what} changes the caller's list in place (it is now {short(given)})", "build and return a new "
                  "list: the trainer merges each word again from its current tokens, and the caller still needs them")
         if isinstance(out, (list, tuple)) and any(isinstance(piece, str) for piece in out) or isinstance(out, str):
-            fail(f"{what} returned str, not bytes ({short(out)})", "keep every token as bytes and join the pair with "
-                 "pair[0] + pair[1] (bytes + bytes is bytes)")
+            fail(f"{what} returned str, not bytes ({short(out)})", "keep every token as bytes: the merged token is "
+                 "the two tokens' bytes joined")
         if isinstance(out, (list, tuple)) and any(isinstance(piece, (tuple, list)) for piece in out):
             fail(f"{what} puts the pair itself in the word, not the merged token ({short(out)})", "replace the two "
-                 "tokens by one: pair[0] + pair[1]")
+                 "tokens by one token, their bytes joined")
         out = _expect_list(what, out, bytes, "return a list of bytes: the word's tokens after the merge")
         expected = merge_pieces(word, pair)
         if out != expected and b"".join(out) != b"".join(word) and out.count(pair[0] + pair[1]) > \
                 expected.count(pair[0] + pair[1]):
             fail(f"{what}: the merges overlap: a token is used in two merges ([a, a, a] with (a, a) gives [aa, aa])",
-                 "after a merge at i, continue at i + 2: [a, a, a] with (a, a) is [aa, a]", f"yours: {short(out)}")
-        same_as(out, expected, lambda m: merge_pieces(word, pair, m), MERGE_MISTAKES, what, "scan left to right; "
-                "where word[i], word[i + 1] is the pair, add pair[0] + pair[1] and skip both; otherwise add word[i]")
+                 "a token merged once is used up: the scan goes on after the pair, so [a, a, a] with (a, a) is "
+                 "[aa, a]", f"yours: {short(out)}")
+        same_as(out, expected, lambda m: merge_pieces(word, pair, m), MERGE_MISTAKES, what, "scan left to right: "
+                "where two neighbours form the pair they become one token and the scan moves past both; every other "
+                "token stays as it is")
     passed("merge_word: every occurrence merged, left to right without overlaps, in the pair's order, as bytes; the "
            "word given left unchanged")
 
@@ -207,17 +212,24 @@ def check_merge_word(merge_word: Callable[[list[bytes], Pair], list[bytes]]) -> 
 # ---------------------------------------------------------------------------------------------------------
 
 HANDOUT = {"low": 5, "lower": 2, "widest": 3, "newest": 6}
-NAIVE_CASES = [(HANDOUT, 6), ({"bc": 1, "ab": 1, "cd": 1}, 3), ({"ab": 5, "cd": 1, "ecd": 1}, 2),
+NAIVE_CASES = [(HANDOUT, 6), ({"abab": 2, "xy": 3}, 2),  # abab: a pair twice in a word
+               ({"bc": 1, "ab": 1, "cd": 1}, 3), ({"ab": 5, "cd": 1, "ecd": 1}, 2),
                ({"ab": 2, "ba": 2}, 3), ({"é": 3, "née": 2}, 3), ({"ab": 2, "c": 5}, 4), ({"xyz": 3}, 0)]
 NAIVE_MISTAKES = {
     "smaller": ("ties between equally frequent pairs go to the smaller pair",
-                "break ties towards the lexicographically greater pair: max over (count, pair)"),
+                "break ties towards the lexicographically greater pair: of two pairs with the top count, the greater "
+                "(compared as tuples of bytes) is merged"),
     "first_seen": ("ties between equally frequent pairs go to the first pair counted",
-                   "break ties towards the lexicographically greater pair: max over (count, pair), not the count alone"),
+                   "break ties towards the lexicographically greater pair, whatever order the pairs were "
+                   "counted in: the count decides first, the pair itself second"),
     "unweighted": ("each word's pairs are counted once, not as often as the word occurs",
                    "add the word's count to every pair in it"),
     "chars": ("the words are split into characters, not bytes: a non-ASCII character such as é is two bytes",
-              "start each word as its bytes: [bytes([b]) for b in word.encode('utf-8')]"),
+              "start each word as its UTF-8 bytes, one token per byte, not per character"),
+    "once_per_word": ("a pair that occurs twice in a word is counted once for that word", "count every occurrence "
+                      "of a pair in a word, each weighted by the word's count"),
+    "not_stored": ("the words are not updated after a merge, so the same pair is chosen again", "keep each word as its "
+                   "merged tokens: the next round counts the pairs of the merged words"),
     "across": ("pairs are counted across words (the words written one after the other)",
                "count the pairs inside each word only: a merge never crosses a word's end"),
 }
@@ -238,9 +250,10 @@ def check_naive_merges(naive_merges: Callable[[dict[str, int], int], list[Pair]]
     adjacent tokens over all the words (weighted by each word's count) counted afresh, ties to the lexicographically
     greater pair, as (bytes, bytes); fewer when no pair is left. The handout's example among the cases.
 
-    Mistakes it recognises: ties to the smaller pair or to the first counted; counts not weighted; characters instead
-    of bytes; pairs counted across words; pairs as str or as the merged token; not stopping when no pair is left
-    (an error or extra merges); one merge too many or too few.
+    Mistakes it recognises: ties to the smaller pair or to the first counted; counts not weighted; a pair counted once
+    per word; the words not updated after a merge; characters instead of bytes; pairs counted across words; pairs as
+    str or as the merged token; not stopping when no pair is left (an error or extra merges); one merge too many or
+    too few.
     """
     for word_counts, num_merges in NAIVE_CASES:
         what = f"naive_merges({word_counts!r}, num_merges={num_merges})"
@@ -259,7 +272,7 @@ def check_naive_merges(naive_merges: Callable[[dict[str, int], int], list[Pair]]
                  "(a, b) that was merged: encoding needs both halves")
         if any(isinstance(m, str) or isinstance(m, (tuple, list)) and any(isinstance(p, str) for p in m) for m in out):
             fail(f"{what} returns str, not bytes ({short(out)})", "keep the tokens as bytes from the start: "
-                 "[bytes([b]) for b in word.encode('utf-8')], merged with a + b")
+                 "a word's UTF-8 bytes, one token each, joined when merged")
         if not all(isinstance(m, (tuple, list)) and len(m) == 2 and all(isinstance(p, bytes) for p in m) for m in out):
             fail(f"{what} returned {short(out)}, not a list of (bytes, bytes) pairs", "append each merge as the "
                  "tuple (a, b)")
@@ -302,14 +315,14 @@ ENCODE_CASES = [
 ENCODE_PRETOKEN_MISTAKES = {
     "position": ("the merges are applied in position order (the leftmost known pair first), not by rank",
                  "merge the pair with the lowest rank first, wherever it is, as training did"),
-    "highest": ("the pair with the highest rank is merged first", "the lowest rank was learnt first: merge min(rank) "
-                "first"),
+    "highest": ("the pair with the highest rank is merged first", "the lowest rank was learnt first: merge the present "
+                "pair of lowest rank first"),
     "first_merge": ("only the first merge is made", "repeat: after each merge look again for the lowest-ranked pair, "
                     "until none is left"),
     "one_pass": ("only the pairs present at the start are merged: the pairs that the merges make are never looked up",
                  "after each merge look again for the lowest-ranked pair among the new pairs, until none is left"),
-    "chars": ("the pre-token is split into characters, not bytes: é is two bytes", "start from the bytes: "
-              "[bytes([b]) for b in pretoken.encode('utf-8')]"),
+    "chars": ("the pre-token is split into characters, not bytes: é is two bytes", "start from the pre-token's "
+              "UTF-8 bytes, one token per byte"),
 }
 
 
@@ -325,8 +338,8 @@ def check_encode_pretoken(encode_pretoken: Callable[[str, dict[Pair, int]], list
         what = f"encode_pretoken({pretoken!r}, ranks={short(ranks, 120)})"
         out = call(what, encode_pretoken, pretoken, dict(ranks))
         if isinstance(out, (list, tuple)) and any(isinstance(piece, str) for piece in out):
-            fail(f"{what} returned str pieces, not bytes ({short(out)})", "work on the pre-token's bytes: "
-                 "[bytes([b]) for b in pretoken.encode('utf-8')], merged with a + b")
+            fail(f"{what} returned str pieces, not bytes ({short(out)})", "work on the pre-token's UTF-8 "
+                 "bytes, one token each, joined when merged")
         out = _expect_list(what, out, bytes, "return the pre-token's pieces after merging: a list of bytes")
         expected = encode_parts(pretoken, ranks)
         same_as(out, expected, lambda m: encode_parts(pretoken, ranks, m), ENCODE_PRETOKEN_MISTAKES, what,
