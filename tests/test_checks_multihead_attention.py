@@ -11,7 +11,7 @@ from torch import nn
 
 from transformer_from_scratch import Linear, MultiHeadSelfAttention, RotaryPositionalEmbedding, scaled_dot_product_attention
 from transformer_from_scratch.checks import check_multihead_self_attention
-from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
+from mutants import Catalogue
 
 
 class Steps(MultiHeadSelfAttention):
@@ -341,19 +341,6 @@ def test_the_step_by_step_base_of_the_mutants_passes(capsys):
     assert capsys.readouterr().out.startswith("✓")
 
 
-def test_random_state_is_left_as_it_was():
-    assert_random_state_kept(check_multihead_self_attention, MultiHeadSelfAttention)
-
-
-def test_messages_are_distinct():
-    assert_phrases_distinct(MUTANTS.values())
-
-
-@pytest.mark.parametrize("mutant, phrase", MUTANTS.values(), ids=list(MUTANTS))
-def test_each_mistake_gets_its_own_verdict(mutant, phrase):
-    assert_own_verdict(check_multihead_self_attention, mutant, phrase, MUTANTS.values())
-
-
 def test_splitting_without_the_transpose_is_named_even_when_the_merge_is_right():
     with pytest.raises(AssertionError) as error:
         check_multihead_self_attention(SplitNoTransposeMergeRight)
@@ -364,3 +351,6 @@ def test_an_instance_instead_of_the_class_is_named():
     with pytest.raises(AssertionError, match="got a MultiHeadSelfAttention object, not the class"):
         check_multihead_self_attention(MultiHeadSelfAttention(12, 3))
 
+
+CATALOGUES = [Catalogue(check_multihead_self_attention, list(MUTANTS.values()), right=MultiHeadSelfAttention,
+                        ids=list(MUTANTS))]

@@ -1,13 +1,13 @@
 """Mutation tests for check_rmsnorm: the reference passes with one line; every classic mistake, planted in
 a small wrong RMSNorm written here, fails with its own diagnosis on the first line."""
 
-import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from transformer_from_scratch import RMSNorm
 from transformer_from_scratch.checks import check_rmsnorm
+from mutants import Catalogue
 
 
 class Right(nn.Module):
@@ -240,22 +240,4 @@ def test_a_plain_correct_rmsnorm_passes(capsys):
     assert capsys.readouterr().out.startswith("✓ check_rmsnorm:")
 
 
-@pytest.mark.parametrize("mutant, phrase", MUTANTS, ids=[m.__name__ for m, _ in MUTANTS])
-def test_each_mistake_is_named(mutant, phrase):
-    with pytest.raises(AssertionError) as error:
-        check_rmsnorm(mutant)
-    first = str(error.value).splitlines()[0]
-    assert phrase in first, first
-
-
-def test_every_mistake_has_its_own_message():
-    firsts = []
-    for mutant, _ in MUTANTS:
-        with pytest.raises(AssertionError) as error:
-            check_rmsnorm(mutant)
-        firsts.append(str(error.value).splitlines()[0])
-    phrases = [phrase for _, phrase in MUTANTS]
-    for phrase, first in zip(phrases, firsts):
-        others = [f for f, p in zip(firsts, phrases) if p != phrase]
-        assert not any(phrase in other for other in others), f"{phrase!r} also names another mistake"
-
+CATALOGUES = [Catalogue(check_rmsnorm, MUTANTS, ids=[m.__name__ for m, _ in MUTANTS])]

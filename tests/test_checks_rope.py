@@ -6,7 +6,7 @@ from torch import nn
 
 from transformer_from_scratch import RotaryPositionalEmbedding
 from transformer_from_scratch.checks import check_rope
-from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
+from mutants import Catalogue, assert_own_verdict
 
 
 class Rope(nn.Module):
@@ -240,21 +240,10 @@ def test_tables_recomputed_in_every_call_are_fine():
     check_rope(Recomputes)
 
 
-def test_random_state_is_left_as_it_was():
-    assert_random_state_kept(check_rope, RotaryPositionalEmbedding)
-
-
-def test_messages_are_distinct():
-    assert_phrases_distinct(MUTANTS.values())
-
-
-@pytest.mark.parametrize("mutant, phrase", MUTANTS.values(), ids=list(MUTANTS))
-def test_each_mistake_gets_its_own_verdict(mutant, phrase):
-    assert_own_verdict(check_rope, mutant, phrase, MUTANTS.values())
-
-
 def test_half_split_pairs_are_named_whatever_their_angles():
     """A half-split RoPE that is also off in its angles matches no variant: the pairs it rotates give it away."""
     assert_own_verdict(check_rope, HalfSplitShifted, "half-split pairs (x[k], x[k + d_k/2])", MUTANTS.values(),
                        except_within=True)
 
+
+CATALOGUES = [Catalogue(check_rope, list(MUTANTS.values()), right=RotaryPositionalEmbedding, ids=list(MUTANTS))]

@@ -8,6 +8,7 @@ from torch import softmax as renamed_builtin
 
 from transformer_from_scratch import softmax
 from transformer_from_scratch.checks import check_softmax
+from mutants import Catalogue
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -251,14 +252,6 @@ def test_reference_passes_with_one_line(capsys):
     assert len(lines) == 1 and lines[0].startswith("✓ check_softmax")
 
 
-@pytest.mark.parametrize("mutant, phrase", MUTANTS, ids=[m.__name__ for m, _ in MUTANTS])
-def test_mistake_is_named_on_the_first_line(mutant, phrase):
-    with pytest.raises(AssertionError) as error:
-        check_softmax(mutant)
-    first = str(error.value).splitlines()[0]
-    assert phrase in first, first
-
-
 def via_logsumexp(x, dim):
     z = _upcast(x)
     return torch.exp(z - torch.logsumexp(z, dim=dim, keepdim=True)).to(x.dtype)
@@ -276,13 +269,6 @@ def test_other_correct_ways_pass(right, capsys):
     assert capsys.readouterr().out.startswith("✓ check_softmax")
 
 
-def test_phrases_are_distinct_per_mistake():
-    """Each named mistake has its own phrase: no phrase is a part of another mistake's."""
-    by_mistake = {phrase for _, phrase in MUTANTS}
-    for phrase in by_mistake:
-        assert not any(phrase != other and phrase in other for other in by_mistake), phrase
-
-
 def test_the_builtins_are_restored_even_when_the_check_fails():
     originals = (torch.softmax, F.softmax, torch.log_softmax, torch.special.softmax)
     with pytest.raises(AssertionError):
@@ -298,3 +284,7 @@ def test_a_wrong_signature_is_named():
 
     with pytest.raises(AssertionError, match=r"signature is \(logits, axis\).*write it as \(x, dim\)"):
         check_softmax(wrong)
+
+
+CATALOGUES = [Catalogue(check_softmax, MUTANTS, exclusive=False, distinct="within",
+                        ids=[m.__name__ for m, _ in MUTANTS])]

@@ -9,7 +9,7 @@ from torch import nn
 
 from transformer_from_scratch import MultiHeadSelfAttention, SwiGLU, TransformerBlock, scaled_dot_product_attention
 from transformer_from_scratch.checks import check_transformer_block
-from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
+from mutants import Catalogue
 
 
 class Steps(TransformerBlock):
@@ -315,19 +315,6 @@ def test_a_block_without_fused_passes_too(capsys):
     assert capsys.readouterr().out.startswith("✓")
 
 
-def test_random_state_is_left_as_it_was():
-    assert_random_state_kept(check_transformer_block, TransformerBlock)
-
-
-def test_messages_are_distinct():
-    assert_phrases_distinct(MUTANTS.values())
-
-
-@pytest.mark.parametrize("mutant, phrase", MUTANTS.values(), ids=list(MUTANTS))
-def test_each_mistake_gets_its_own_verdict(mutant, phrase):
-    assert_own_verdict(check_transformer_block, mutant, phrase, exclusive=False)
-
-
 @pytest.mark.parametrize("mutant, named", [(PostNorm, "post-norm"), (NoFinalAdd, "final add is missing"),
                                            (NormOnStream, "residual stream itself"), (SwappedNorms, "swapped"),
                                            (FfnReadsX, "reads x instead of y"), (NotCausal, "not causal")])
@@ -349,3 +336,6 @@ def test_an_instance_instead_of_the_class_is_named():
     with pytest.raises(AssertionError, match="got a TransformerBlock object, not the class"):
         check_transformer_block(TransformerBlock(12, 3, 16, 16, 10000.0))
 
+
+CATALOGUES = [Catalogue(check_transformer_block, list(MUTANTS.values()), right=TransformerBlock, exclusive=False,
+                        ids=list(MUTANTS))]

@@ -8,7 +8,7 @@ import torch
 from transformer_from_scratch import softmax
 from transformer_from_scratch.checks.steps.attention import (check_attend, check_attend_masked,
                                                               check_attention_scores, check_masked_scores)
-from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
+from mutants import Catalogue
 
 
 def attention_scores(Q, K):
@@ -135,33 +135,8 @@ def test_other_right_ways_pass(right, check, capsys):
     assert capsys.readouterr().out.startswith("✓ ")
 
 
-@pytest.mark.parametrize("mutant, phrase", SCORES_MUTANTS, ids=[p for _, p in SCORES_MUTANTS])
-def test_attention_scores_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_attention_scores, mutant, phrase, SCORES_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", ATTEND_MUTANTS, ids=[p for _, p in ATTEND_MUTANTS])
-def test_attend_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_attend, mutant, phrase, ATTEND_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", MASK_MUTANTS + MASK_ALSO, ids=[p for _, p in MASK_MUTANTS + MASK_ALSO])
-def test_masked_scores_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_masked_scores, mutant, phrase, MASK_MUTANTS, exclusive=mutant not in dict(MASK_ALSO))
-
-
-@pytest.mark.parametrize("mutant, phrase", MASKED_MUTANTS, ids=[p for _, p in MASKED_MUTANTS])
-def test_attend_masked_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_attend_masked, mutant, phrase, MASKED_MUTANTS)
-
-
-def test_the_phrases_are_distinct():
-    for mutants in (SCORES_MUTANTS, ATTEND_MUTANTS, MASK_MUTANTS, MASKED_MUTANTS):
-        assert_phrases_distinct(mutants)
-
-
-def test_the_checks_keep_the_random_state():
-    assert_random_state_kept(check_attention_scores, attention_scores)
-    assert_random_state_kept(check_attend, attend)
-    assert_random_state_kept(check_masked_scores, masked_scores)
-    assert_random_state_kept(check_attend_masked, attend_masked)
+CATALOGUES = [Catalogue(check_attention_scores, SCORES_MUTANTS, right=attention_scores),
+              Catalogue(check_attend, ATTEND_MUTANTS, right=attend),
+              Catalogue(check_masked_scores, MASK_MUTANTS, right=masked_scores),
+              Catalogue(check_masked_scores, MASK_ALSO, exclusive=False, distinct="none"),
+              Catalogue(check_attend_masked, MASKED_MUTANTS, right=attend_masked)]

@@ -10,7 +10,7 @@ from transformer_from_scratch.checks.steps.embedding import (
     check_one_hot_lookup,
     check_refuse_out_of_range,
 )
-from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
+from mutants import Catalogue
 
 
 def lookup(table, ids):
@@ -167,31 +167,6 @@ def test_the_right_steps_pass_with_one_line(capsys):
     assert [line[:2] for line in lines] == ["✓ "] * 6, lines
 
 
-@pytest.mark.parametrize("mutant, phrase", LOOKUP_MUTANTS, ids=[p for _, p in LOOKUP_MUTANTS])
-def test_lookup_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_lookup, mutant, phrase, LOOKUP_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", ONE_HOT_MUTANTS, ids=[f"{i}: {p}" for i, (_, p) in enumerate(ONE_HOT_MUTANTS)])
-def test_one_hot_lookup_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_one_hot_lookup, mutant, phrase, ONE_HOT_MUTANTS, exclusive=False)
-
-
-@pytest.mark.parametrize("mutant, phrase", RANGE_MUTANTS, ids=[p for _, p in RANGE_MUTANTS])
-def test_refuse_out_of_range_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_refuse_out_of_range, mutant, phrase, RANGE_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", INIT_MUTANTS, ids=[f"{i}: {p}" for i, (_, p) in enumerate(INIT_MUTANTS)])
-def test_init_table_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_init_table, mutant, phrase, INIT_MUTANTS, exclusive=False)
-
-
-def test_the_phrases_are_distinct():
-    assert_phrases_distinct(LOOKUP_MUTANTS)
-    assert_phrases_distinct(RANGE_MUTANTS)
-
-
 def test_a_crash_is_reported_with_its_cause():
     def crashes(table, ids):
         return torch.stack([table[i] for i in ids.reshape(-1)]).reshape(*ids.shape, table.shape[1])  # no empty ids
@@ -199,13 +174,9 @@ def test_a_crash_is_reported_with_its_cause():
         check_lookup(crashes)
 
 
-def test_the_checks_keep_the_random_state():
-    assert_random_state_kept(check_lookup, lookup)
-    assert_random_state_kept(check_one_hot_lookup, one_hot_lookup)
-    assert_random_state_kept(check_init_table, init_table)
-    torch.manual_seed(123)
-    expected = torch.rand(3)
-    torch.manual_seed(123)
-    with pytest.raises(AssertionError):
-        check_init_table(_init(generator=None))  # draws from the global generator: the check puts it back
-    assert torch.equal(torch.rand(3), expected)
+CATALOGUES = [Catalogue(check_lookup, LOOKUP_MUTANTS, right=lookup),
+              Catalogue(check_one_hot_lookup, ONE_HOT_MUTANTS, right=one_hot_lookup, exclusive=False, distinct="none",
+                        ids=[f"{i}: {p}" for i, (_, p) in enumerate(ONE_HOT_MUTANTS)]),
+              Catalogue(check_refuse_out_of_range, RANGE_MUTANTS),
+              Catalogue(check_init_table, INIT_MUTANTS, right=init_table, exclusive=False, distinct="none",
+                        ids=[f"{i}: {p}" for i, (_, p) in enumerate(INIT_MUTANTS)])]

@@ -2,12 +2,11 @@
 
 import math
 
-import pytest
 import torch
 import torch.nn.functional as F
 
 from transformer_from_scratch.checks.steps.linear import check_apply_weight, check_init_weight, check_recipe_std
-from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
+from mutants import Catalogue
 
 
 def apply_weight(x, W):
@@ -85,31 +84,6 @@ def test_the_right_steps_pass_with_one_line(capsys):
     assert [line[:2] for line in lines] == ["✓ "] * 3, lines
 
 
-@pytest.mark.parametrize("mutant, phrase", APPLY_MUTANTS, ids=[p for _, p in APPLY_MUTANTS])
-def test_apply_weight_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_apply_weight, mutant, phrase, APPLY_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", STD_MUTANTS, ids=[p for _, p in STD_MUTANTS])
-def test_recipe_std_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_recipe_std, mutant, phrase, STD_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", INIT_MUTANTS, ids=[f"{i}: {p}" for i, (_, p) in enumerate(INIT_MUTANTS)])
-def test_init_weight_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_init_weight, mutant, phrase, INIT_MUTANTS, exclusive=False)
-
-
-def test_the_phrases_are_distinct():
-    assert_phrases_distinct(APPLY_MUTANTS)
-    assert_phrases_distinct(STD_MUTANTS)
-
-
-def test_the_checks_keep_the_random_state():
-    assert_random_state_kept(check_init_weight, init_weight)
-    torch.manual_seed(123)
-    expected = torch.rand(3)
-    torch.manual_seed(123)
-    with pytest.raises(AssertionError):
-        check_init_weight(_init(generator=None))  # draws from the global generator: the check puts it back
-    assert torch.equal(torch.rand(3), expected)
+CATALOGUES = [Catalogue(check_apply_weight, APPLY_MUTANTS), Catalogue(check_recipe_std, STD_MUTANTS),
+              Catalogue(check_init_weight, INIT_MUTANTS, right=init_weight, exclusive=False, distinct="none",
+                        ids=[f"{i}: {p}" for i, (_, p) in enumerate(INIT_MUTANTS)])]

@@ -2,7 +2,6 @@
 
 import math
 
-import pytest
 import torch
 import torch.nn.functional as F
 from einops import rearrange
@@ -11,7 +10,7 @@ from transformer_from_scratch import scaled_dot_product_attention, softmax
 from transformer_from_scratch.checks.steps.multihead_attention import (check_causal_mask, check_merge_heads,
                                                                        check_multihead_draft, check_rotate_heads,
                                                                        check_split_heads)
-from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
+from mutants import Catalogue
 
 
 def split_heads(t, num_heads):
@@ -197,39 +196,8 @@ def test_the_right_steps_pass_with_one_line(capsys):
     assert [line[:2] for line in lines] == ["✓ "] * 9, lines
 
 
-@pytest.mark.parametrize("mutant, phrase", SPLIT_MUTANTS, ids=[p for _, p in SPLIT_MUTANTS])
-def test_split_heads_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_split_heads, mutant, phrase, SPLIT_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", MERGE_MUTANTS, ids=[p for _, p in MERGE_MUTANTS])
-def test_merge_heads_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_merge_heads, mutant, phrase, MERGE_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", MASK_MUTANTS, ids=[p for _, p in MASK_MUTANTS])
-def test_causal_mask_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_causal_mask, mutant, phrase, MASK_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", ROTATE_MUTANTS, ids=[p for _, p in ROTATE_MUTANTS])
-def test_rotate_heads_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_rotate_heads, mutant, phrase, ROTATE_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", DRAFT_MUTANTS, ids=[p for _, p in DRAFT_MUTANTS])
-def test_multihead_draft_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_multihead_draft, mutant, phrase, DRAFT_MUTANTS)
-
-
-def test_the_phrases_are_distinct():
-    for mutants in (SPLIT_MUTANTS, MERGE_MUTANTS, MASK_MUTANTS, ROTATE_MUTANTS, DRAFT_MUTANTS):
-        assert_phrases_distinct(mutants)
-
-
-def test_the_checks_keep_the_random_state():
-    assert_random_state_kept(check_split_heads, split_heads)
-    assert_random_state_kept(check_merge_heads, merge_heads)
-    assert_random_state_kept(check_causal_mask, causal_mask)
-    assert_random_state_kept(check_rotate_heads, rotate_heads)
-    assert_random_state_kept(check_multihead_draft, multihead_draft)
+CATALOGUES = [Catalogue(check_split_heads, SPLIT_MUTANTS, right=split_heads),
+              Catalogue(check_merge_heads, MERGE_MUTANTS, right=merge_heads),
+              Catalogue(check_causal_mask, MASK_MUTANTS, right=causal_mask),
+              Catalogue(check_rotate_heads, ROTATE_MUTANTS, right=rotate_heads),
+              Catalogue(check_multihead_draft, DRAFT_MUTANTS, right=multihead_draft)]

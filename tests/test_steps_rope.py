@@ -7,7 +7,7 @@ import torch
 
 from transformer_from_scratch.checks.steps.rope import (check_angle_table, check_inverse_frequencies, check_rotate_pair,
                                                         check_rotate_pairs, check_rotate_pairs_complex)
-from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
+from mutants import Catalogue, assert_own_verdict
 
 
 def rotate_pair(x0, x1, angle):
@@ -175,36 +175,6 @@ def test_other_right_ways_pass():
     ).flatten(-2))
 
 
-@pytest.mark.parametrize("mutant, phrase", PAIR_MUTANTS, ids=[p for _, p in PAIR_MUTANTS])
-def test_rotate_pair_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_rotate_pair, mutant, phrase, PAIR_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", FREQUENCY_MUTANTS, ids=[p for _, p in FREQUENCY_MUTANTS])
-def test_inverse_frequencies_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_inverse_frequencies, mutant, phrase, FREQUENCY_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", TABLE_MUTANTS, ids=[p for _, p in TABLE_MUTANTS])
-def test_angle_table_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_angle_table, mutant, phrase, TABLE_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", PAIRS_MUTANTS, ids=[p for _, p in PAIRS_MUTANTS])
-def test_rotate_pairs_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_rotate_pairs, mutant, phrase, PAIRS_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", COMPLEX_MUTANTS, ids=[p for _, p in COMPLEX_MUTANTS])
-def test_rotate_pairs_complex_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_rotate_pairs_complex, mutant, phrase, COMPLEX_MUTANTS)
-
-
-def test_the_phrases_are_distinct():
-    for mutants in (PAIR_MUTANTS, FREQUENCY_MUTANTS, TABLE_MUTANTS, PAIRS_MUTANTS, COMPLEX_MUTANTS):
-        assert_phrases_distinct(mutants)
-
-
 def test_the_float32_angles_are_off_by_about_1e_4_rad_at_position_4000():
     """The evidence the angle table's check gives, and the notebook's claim: float32 angles at position 4,000."""
     with pytest.raises(AssertionError) as error:
@@ -214,8 +184,8 @@ def test_the_float32_angles_are_off_by_about_1e_4_rad_at_position_4000():
     assert 5e-5 < off < 5e-4, str(error.value)
 
 
-def test_the_checks_keep_the_random_state():
-    for check, right in [(check_rotate_pair, rotate_pair), (check_inverse_frequencies, inverse_frequencies),
-                         (check_angle_table, angle_table), (check_rotate_pairs, rotate_pairs),
-                         (check_rotate_pairs_complex, rotate_pairs_complex)]:
-        assert_random_state_kept(check, right)
+CATALOGUES = [Catalogue(check_rotate_pair, PAIR_MUTANTS, right=rotate_pair),
+              Catalogue(check_inverse_frequencies, FREQUENCY_MUTANTS, right=inverse_frequencies),
+              Catalogue(check_angle_table, TABLE_MUTANTS, right=angle_table),
+              Catalogue(check_rotate_pairs, PAIRS_MUTANTS, right=rotate_pairs),
+              Catalogue(check_rotate_pairs_complex, COMPLEX_MUTANTS, right=rotate_pairs_complex)]

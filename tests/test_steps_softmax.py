@@ -1,6 +1,5 @@
 """The step checks of notebook 03 pass the right steps and name each planted mistake on their first line."""
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -10,7 +9,7 @@ from transformer_from_scratch.checks.steps.softmax import (
     check_softmax_by_hand,
     check_stable_softmax,
 )
-from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
+from mutants import Catalogue
 
 
 def naive_softmax(x, dim):
@@ -115,33 +114,7 @@ def test_the_right_steps_pass_with_one_line(capsys):
     assert [line[:2] for line in lines] == ["✓ "] * 4, lines
 
 
-@pytest.mark.parametrize("mutant, phrase", NAIVE_MUTANTS, ids=[p for _, p in NAIVE_MUTANTS])
-def test_naive_softmax_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_naive_softmax, mutant, phrase, NAIVE_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", STABLE_MUTANTS, ids=[p for _, p in STABLE_MUTANTS])
-def test_stable_softmax_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_stable_softmax, mutant, phrase, STABLE_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", BACKWARD_MUTANTS, ids=[p for _, p in BACKWARD_MUTANTS])
-def test_softmax_backward_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_softmax_backward, mutant, phrase, BACKWARD_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", BY_HAND_MUTANTS, ids=[p for _, p in BY_HAND_MUTANTS])
-def test_softmax_by_hand_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_softmax_by_hand, mutant, phrase, BY_HAND_MUTANTS)
-
-
-def test_the_phrases_are_distinct():
-    for mutants in (NAIVE_MUTANTS, STABLE_MUTANTS, BACKWARD_MUTANTS, BY_HAND_MUTANTS):
-        assert_phrases_distinct(mutants)
-
-
-def test_the_checks_keep_the_random_state():
-    assert_random_state_kept(check_naive_softmax, naive_softmax)
-    assert_random_state_kept(check_stable_softmax, stable_softmax)
-    assert_random_state_kept(check_softmax_backward, softmax_backward)
-    assert_random_state_kept(check_softmax_by_hand, by_hand())
+CATALOGUES = [Catalogue(check_naive_softmax, NAIVE_MUTANTS, right=naive_softmax),
+              Catalogue(check_stable_softmax, STABLE_MUTANTS, right=stable_softmax),
+              Catalogue(check_softmax_backward, BACKWARD_MUTANTS, right=softmax_backward),
+              Catalogue(check_softmax_by_hand, BY_HAND_MUTANTS, right=by_hand())]

@@ -2,13 +2,12 @@
 
 import math
 
-import pytest
 import torch
 import torch.nn.functional as F
 
 from transformer_from_scratch.checks.steps.swiglu import (check_gated, check_hidden_width, check_silu_draft,
                                                           check_swiglu_draft)
-from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
+from mutants import Catalogue, assert_own_verdict
 
 
 def silu_draft(z):
@@ -124,26 +123,6 @@ def test_the_right_steps_pass_with_one_line(capsys):
     assert [line[:2] for line in lines] == ["✓ "] * 7, lines
 
 
-@pytest.mark.parametrize("mutant, phrase", SILU_MUTANTS, ids=[p for _, p in SILU_MUTANTS])
-def test_silu_draft_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_silu_draft, mutant, phrase, SILU_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", GATED_MUTANTS, ids=[p for _, p in GATED_MUTANTS])
-def test_gated_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_gated, mutant, phrase, GATED_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", DRAFT_MUTANTS, ids=[p for _, p in DRAFT_MUTANTS])
-def test_swiglu_draft_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_swiglu_draft, mutant, phrase, DRAFT_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", HIDDEN_MUTANTS, ids=[p for _, p in HIDDEN_MUTANTS])
-def test_hidden_width_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_hidden_width, mutant, phrase, HIDDEN_MUTANTS)
-
-
 def test_weights_applied_to_a_column_vector_crash_with_the_fix_named():
     def column_vector(x, W1, W2, W3):  # W @ x, as for one token in the GLU example, on the rows of x
         return W2 @ gated(W1 @ x, W3 @ x, silu_draft)
@@ -151,13 +130,7 @@ def test_weights_applied_to_a_column_vector_crash_with_the_fix_named():
     assert "W @ x suits one column vector, not rows" in first
 
 
-def test_the_phrases_are_distinct():
-    for mutants in (SILU_MUTANTS, GATED_MUTANTS, DRAFT_MUTANTS, HIDDEN_MUTANTS):
-        assert_phrases_distinct(mutants)
-
-
-def test_the_checks_keep_the_random_state():
-    assert_random_state_kept(check_silu_draft, silu_draft)
-    assert_random_state_kept(check_gated, gated)
-    assert_random_state_kept(check_swiglu_draft, swiglu_draft)
-    assert_random_state_kept(check_hidden_width, hidden_width)
+CATALOGUES = [Catalogue(check_silu_draft, SILU_MUTANTS, right=silu_draft),
+              Catalogue(check_gated, GATED_MUTANTS, right=gated),
+              Catalogue(check_swiglu_draft, DRAFT_MUTANTS, right=swiglu_draft),
+              Catalogue(check_hidden_width, HIDDEN_MUTANTS, right=hidden_width)]

@@ -2,13 +2,12 @@
 
 import functools
 
-import pytest
 from torch import nn
 
 from transformer_from_scratch import MultiHeadSelfAttention, RMSNorm, SwiGLU
 from transformer_from_scratch.checks.steps.transformer_block import (check_block_forward, check_make_parts,
                                                                      check_post_norm_residual, check_pre_norm_residual)
-from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept
+from mutants import Catalogue
 
 
 # --- the right steps ----------------------------------------------------------------------------------------------
@@ -166,33 +165,7 @@ def test_keyword_calls_and_partial_pass(capsys):
     assert capsys.readouterr().out.startswith("✓ ")
 
 
-@pytest.mark.parametrize("mutant, phrase", PARTS_MUTANTS, ids=[p for _, p in PARTS_MUTANTS])
-def test_make_parts_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_make_parts, mutant, phrase, PARTS_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", PRE_MUTANTS, ids=[p for _, p in PRE_MUTANTS])
-def test_pre_norm_residual_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_pre_norm_residual, mutant, phrase, PRE_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", POST_MUTANTS, ids=[p for _, p in POST_MUTANTS])
-def test_post_norm_residual_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_post_norm_residual, mutant, phrase, POST_MUTANTS)
-
-
-@pytest.mark.parametrize("mutant, phrase", BLOCK_MUTANTS, ids=[p for _, p in BLOCK_MUTANTS])
-def test_block_forward_mistakes_are_named(mutant, phrase):
-    assert_own_verdict(check_block_forward, mutant, phrase, BLOCK_MUTANTS)
-
-
-def test_the_phrases_are_distinct():
-    for mutants in (PARTS_MUTANTS, PRE_MUTANTS, POST_MUTANTS, BLOCK_MUTANTS):
-        assert_phrases_distinct(mutants)
-
-
-def test_the_checks_keep_the_random_state():
-    assert_random_state_kept(check_make_parts, make_parts)
-    assert_random_state_kept(check_pre_norm_residual, pre_norm_residual)
-    assert_random_state_kept(check_post_norm_residual, post_norm_residual)
-    assert_random_state_kept(check_block_forward, block_forward)
+CATALOGUES = [Catalogue(check_make_parts, PARTS_MUTANTS, right=make_parts),
+              Catalogue(check_pre_norm_residual, PRE_MUTANTS, right=pre_norm_residual),
+              Catalogue(check_post_norm_residual, POST_MUTANTS, right=post_norm_residual),
+              Catalogue(check_block_forward, BLOCK_MUTANTS, right=block_forward)]

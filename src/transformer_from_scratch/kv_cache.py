@@ -1,6 +1,6 @@
 # Generated from notebooks/12_kv_cache.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 38a811e280714c100a02b40ed4bcff0eed3f11f41953ef70ccaa5bcc37b6d1d6
+# body-sha256: a93a43af10c6f9993fdb2b61dcf31e239d2727a6a0157fdfb367f8a28659412e
 
 import torch
 from jaxtyping import Float
@@ -22,18 +22,18 @@ def _check_update(keys: Tensor, length: int, k: Tensor, v: Tensor) -> None:
 class KVCache:
     """One attention layer's cache: the keys (after RoPE) and the values of every position seen so far.
 
-    Preallocated: `keys` and `values`, zeros (batch, num_heads, max_len, d_k) made once (num_heads: the attention's
+    Preallocated: `keys` and `values`, zeros (batch, num_kv_heads, max_len, d_k) made once (the attention's
     key/value heads); `length` positions filled. update, which MultiHeadSelfAttention.forward(x, cache=...) calls,
     writes new positions in place and returns views of all so far. max_len is the model's context_length, which the
     window never passes: the memory is known and taken once. One cache per text: reset() it for the next prompt.
     """
 
-    def __init__(self, batch: int, num_heads: int, max_len: int, d_k: int, *, device=None, dtype=None) -> None:
-        if min(batch, num_heads, max_len, d_k) < 1:
-            raise ValueError(f"KVCache: every size must be >= 1, got batch={batch}, num_heads={num_heads}, "
+    def __init__(self, batch: int, num_kv_heads: int, max_len: int, d_k: int, *, device=None, dtype=None) -> None:
+        if min(batch, num_kv_heads, max_len, d_k) < 1:
+            raise ValueError(f"KVCache: every size must be >= 1, got batch={batch}, num_kv_heads={num_kv_heads}, "
                              f"max_len={max_len}, d_k={d_k}")
         self.length = 0  # positions filled
-        self.keys = torch.zeros(batch, num_heads, max_len, d_k, device=device, dtype=dtype)
+        self.keys = torch.zeros(batch, num_kv_heads, max_len, d_k, device=device, dtype=dtype)
         self.values = torch.zeros_like(self.keys)
 
     @classmethod

@@ -1,6 +1,6 @@
 # Generated from notebooks/08_multihead_attention.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: a31c1e0f5428e08100b0527fba3fc07477a805129edbb3ec60606fca90f47e6c
+# body-sha256: b18b6f3ddde1f1354b346b94ab3989f9d73cf5036c9b6dccf47ac33f21488826
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from transformer_from_scratch.attention import scaled_dot_product_attention
 from transformer_from_scratch.linear import Linear
 from transformer_from_scratch.rope import RotaryPositionalEmbedding
-from transformer_from_scratch.shapes import check_length, check_positions, checking, shape_checked
+from transformer_from_scratch.shapes import check_positions, check_stream, checking, shape_checked
 
 
 def _check_arguments(d_model: int, num_heads: int, num_kv_heads: int, max_seq_len: int | None,
@@ -22,7 +22,8 @@ def _check_arguments(d_model: int, num_heads: int, num_kv_heads: int, max_seq_le
                          f"d_model / num_heads features), got d_model={d_model}, num_heads={num_heads}")
     if num_kv_heads < 1 or num_heads % num_kv_heads != 0:
         raise ValueError(f"MultiHeadSelfAttention: num_kv_heads must divide num_heads (each key/value head serves "
-                         f"num_heads / num_kv_heads query heads), got num_heads={num_heads}, num_kv_heads={num_kv_heads}")
+                         f"num_heads / num_kv_heads query heads), got num_heads={num_heads}, "
+                         f"num_kv_heads={num_kv_heads}")
     if (max_seq_len is None) != (theta is None):
         raise ValueError(f"MultiHeadSelfAttention: give both max_seq_len and theta (for RoPE) or neither, "
                          f"got max_seq_len={max_seq_len}, theta={theta}")
@@ -33,11 +34,7 @@ def _check_input(module: "MultiHeadSelfAttention", x: Tensor, token_positions: T
     positions a cache already holds. Skipped inside `trusted()`, where the model calling it has checked its input."""
     if not checking():
         return
-    if x.ndim < 2 or x.shape[-1] != module.d_model:
-        raise ValueError(f"MultiHeadSelfAttention expected x of shape (..., seq, {module.d_model}) "
-                         f"(d_model={module.d_model}), got shape {tuple(x.shape)}")
-    if module.max_seq_len is not None:
-        check_length("MultiHeadSelfAttention", x.shape[-2], module.max_seq_len, "max_seq_len", x.shape, past=past)
+    check_stream("MultiHeadSelfAttention", x, module.d_model, module.max_seq_len, past=past)
     check_positions("MultiHeadSelfAttention", token_positions, x.shape[:-1], x.shape)
     if module.max_seq_len is None and token_positions is not None:
         raise ValueError("MultiHeadSelfAttention: token_positions were given, but this module has no RoPE "

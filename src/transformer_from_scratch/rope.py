@@ -1,12 +1,12 @@
 # Generated from notebooks/06_rope.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: b06941ba4b13832dc5470451f212b0cf282d944dfb725bab1a075f320d95c17e
+# body-sha256: d814a8b7f82e7ec02b4c7c37571f2fe450b0d804c50a4b9a7610079d64caff0f
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from transformer_from_scratch.shapes import shape_checked
+from transformer_from_scratch.shapes import check_positions, is_integer_dtype, shape_checked
 
 
 def _checked_positions(token_positions: Tensor | range, x_shape: torch.Size, max_seq_len: int) -> Tensor | slice:
@@ -26,25 +26,16 @@ def _checked_positions(token_positions: Tensor | range, x_shape: torch.Size, max
             raise ValueError(f"RotaryPositionalEmbedding: token_positions must lie in [0, max_seq_len) = "
                              f"[0, {max_seq_len}), got {token_positions}")
         return slice(token_positions.start, token_positions.stop)  # the tables' rows, a view: nothing to gather
-    if token_positions.dtype.is_floating_point or token_positions.dtype == torch.bool:
-        raise TypeError(f"RotaryPositionalEmbedding: token_positions must be integers, got dtype {token_positions.dtype}")
-    if not _broadcasts_to(token_positions.shape, x_shape[:-1]):  # a few comparisons: stays on always
-        raise ValueError(f"RotaryPositionalEmbedding: token_positions must have shape (..., seq) = (..., {x_shape[-2]}) "
-                         f"with leading dimensions that broadcast to x's {tuple(x_shape[:-2])}, got token_positions "
-                         f"{tuple(token_positions.shape)} for x {tuple(x_shape)}")
-    if token_positions.numel() > 0 and not torch.compiler.is_compiling():  # skipped when compiled: no branching on values
+    if not is_integer_dtype(token_positions.dtype):
+        raise TypeError(f"RotaryPositionalEmbedding: token_positions must be integers, "
+                        f"got dtype {token_positions.dtype}")
+    check_positions("RotaryPositionalEmbedding", token_positions, x_shape[:-1], x_shape)  # a few comparisons: always on
+    if token_positions.numel() > 0 and not torch.compiler.is_compiling():  # compiled: no branching on values
         low, high = torch.stack(torch.aminmax(token_positions)).tolist()  # one read-back from the device
         if low < 0 or high >= max_seq_len:
             raise ValueError(f"RotaryPositionalEmbedding: token_positions must lie in [0, max_seq_len) = "
                              f"[0, {max_seq_len}), got values from {low} to {high}")
     return token_positions.long()  # int8 and int16 tensors cannot index a table
-
-
-def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
-    """Whether `shape` has target's last dimension and leading dimensions that broadcast to target's, never beyond."""
-    if len(shape) < 1 or len(shape) > len(target) or shape[-1] != target[-1]:
-        return False
-    return all(a in (1, b) for a, b in zip(reversed(shape[:-1]), reversed(target[:-1])))
 
 
 class RotaryPositionalEmbedding(nn.Module):

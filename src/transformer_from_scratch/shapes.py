@@ -125,6 +125,30 @@ def check_positions(who: str, token_positions: torch.Tensor | None, lead: tuple[
                          f"{tuple(positions)} for {tensor} {tuple(shape)}")
 
 
+def check_stream(who: str, x: torch.Tensor, d_model: int, max_seq_len: int | None, *, past: int = 0) -> None:
+    """The one rule for what a block or an attention layer reads from the residual stream: x of shape
+    (..., seq, d_model), and, where the module has a max_seq_len, `past` cached positions plus seq within it
+    (check_length). A ValueError that names the numbers, e.g. "TransformerBlock expected x of shape (..., seq, 12)
+    (d_model=12), got shape (2, 5, 10)"."""
+    if x.ndim < 2 or x.shape[-1] != d_model:
+        raise ValueError(f"{who} expected x of shape (..., seq, {d_model}) (d_model={d_model}), "
+                         f"got shape {tuple(x.shape)}")
+    if max_seq_len is not None:
+        check_length(who, x.shape[-2], max_seq_len, "max_seq_len", x.shape, past=past)
+
+
+# Every integer dtype can hold token ids and positions. bool is not among them: a bool tensor in square brackets is a
+# mask. Nor are floats (a float id is a mistake upstream) or complex numbers.
+INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                  torch.uint16, torch.uint32, torch.uint64)
+
+
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    """The one rule for the dtype of ids and positions (token ids, class ids, token_positions): one of
+    INTEGER_DTYPES. Each caller raises its own TypeError, naming its argument and the dtype it got."""
+    return dtype in INTEGER_DTYPES
+
+
 def _size(value: str) -> str:
     """``torch.Size([2, 3])`` -> ``(2, 3)``, ``torch.Size([2])`` -> ``(2,)``; anything else unchanged."""
     inner = re.fullmatch(r"torch\.Size\(\[(.*)\]\)", value)

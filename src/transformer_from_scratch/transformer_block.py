@@ -1,13 +1,13 @@
 # Generated from notebooks/09_transformer_block.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: c00298af1910900bce956613ee3bd46a013a8380051ec1d1e1717dfac21a56f2
+# body-sha256: 252f2a68e8fa58e44a42fd4c0cb53651f01462c8abb49d518c823c7befd264da
 
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from transformer_from_scratch.multihead_attention import MultiHeadSelfAttention
 from transformer_from_scratch.rmsnorm import RMSNorm
-from transformer_from_scratch.shapes import check_length, checking, shape_checked
+from transformer_from_scratch.shapes import check_stream, checking, shape_checked
 from transformer_from_scratch.swiglu import SwiGLU
 
 
@@ -16,11 +16,7 @@ def _check_input(block: "TransformerBlock", x: Tensor, past: int) -> None:
     `past`: the positions its attention's cache already holds. Skipped inside `trusted()` (the model checked)."""
     if not checking():
         return
-    if x.ndim < 2 or x.shape[-1] != block.d_model:
-        raise ValueError(f"TransformerBlock expected x of shape (..., seq, {block.d_model}) "
-                         f"(d_model={block.d_model}), got shape {tuple(x.shape)}")
-    if block.max_seq_len is not None:
-        check_length("TransformerBlock", x.shape[-2], block.max_seq_len, "max_seq_len", x.shape, past=past)
+    check_stream("TransformerBlock", x, block.d_model, block.max_seq_len, past=past)
 
 
 class TransformerBlock(nn.Module):

@@ -35,7 +35,8 @@ from torch.overrides import TorchFunctionMode
 
 from .._project import learner_notebook
 
-STUB_FIX = "replace the `raise NotImplementedError(...)` line under '# YOUR CODE HERE' with your code, run that cell, then this one"
+STUB_FIX = ("replace the `raise NotImplementedError(...)` line under '# YOUR CODE HERE' with your code, run that "
+            "cell, then this one")
 CRASH_FIX = "read the error below and fix that line first"
 DEVICE_FIX = ("keep the result on its inputs' device: create every new tensor there (device=x.device, "
               "torch.zeros_like(x), x.new_zeros(...)), with no .cpu(), .cuda() or .to(...) of another device")
@@ -194,7 +195,8 @@ _TOLERANCES = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
                torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7)}
 
 
-def close(actual: torch.Tensor, expected: torch.Tensor, *, rtol: float | None = None, atol: float | None = None) -> bool:
+def close(actual: torch.Tensor, expected: torch.Tensor, *, rtol: float | None = None,
+          atol: float | None = None) -> bool:
     """True when the two tensors have the same shape and agree to the expected dtype's usual tolerance
     (that of ``torch.testing.assert_close``; NaN equals NaN)."""
     if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape or actual.is_meta:
@@ -301,7 +303,8 @@ def diagnose(what: str, out: torch.Tensor, expected: torch.Tensor, variants: Var
     if out.dtype != expected.dtype:
         fail(f"{what} returned {out.dtype}, expected {expected.dtype}", DTYPE_FIX, evidence)
     if out.shape == expected.shape:
-        difference = (out.detach().cpu().to(expected.dtype) - expected.cpu()).abs().nan_to_num(nan=float("inf")).max().item()
+        difference = ((out.detach().cpu().to(expected.dtype) - expected.cpu()).abs().nan_to_num(nan=float("inf"))
+                      .max().item())
         fail(f"{what} differs from the expected result by up to {difference:.3g}", fix, evidence)
     fail(f"{what} returned shape {tuple(out.shape)}, expected {tuple(expected.shape)}", fix, evidence)
 
@@ -372,7 +375,8 @@ def check_device_and_dtype(make: Callable[..., nn.Module], name: str, fix: str |
     module = call(f"{name}(..., device='meta')", make, device="meta")
     wrong = [key for key, p in module.named_parameters() if p.device.type != "meta"]
     if wrong:
-        fail(f"{name} ignores its device argument ({wrong[0]} was created on {dict(module.named_parameters())[wrong[0]].device})",
+        fail(f"{name} ignores its device argument ({wrong[0]} was created on "
+             f"{dict(module.named_parameters())[wrong[0]].device})",
              fix or "pass device=device on to everything you create: torch.empty(..., device=device) for a parameter, "
              "Linear(..., device=device) for a submodule")
 
@@ -439,7 +443,8 @@ class BuiltinSpy(TorchFunctionMode):
         self.builtins = builtins
         self.used: list[str] = []
 
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
         if func in self.builtins and self.builtins[func] not in self.used:
             self.used.append(self.builtins[func])
         return func(*args, **(kwargs or {}))

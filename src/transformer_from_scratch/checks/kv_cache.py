@@ -11,22 +11,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..transformer_lm import TransformerLM
+from ._fixtures import LM_CTX, LM_D, LM_DFF, LM_DK, LM_H, LM_KV, LM_L, LM_THETA, LM_V, small_lm
 from ._harness import call, close, describe, expect_tensor, fail, generator, passed
 
-# 11 ids, context 8, d_model 16 in 4 heads of 4 (2 key/value heads when grouped), 2 layers, SwiGLU width 24.
-_V, _CTX, _D, _L, _H, _KV, _DFF, _THETA = 11, 8, 16, 2, 4, 2, 24, 10000.0
-_DK = _D // _H
-
-
-def _model(dtype: torch.dtype = torch.float64, seed: int = 0, num_kv_heads: int | None = None) -> TransformerLM:
-    torch.manual_seed(seed)
-    model = TransformerLM(_V, _CTX, _D, _L, _H, _DFF, _THETA, dtype=dtype, num_kv_heads=num_kv_heads)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("ln1.weight", "ln2.weight", "ln_final.weight")):
-                p.add_(0.3 * torch.randn_like(p))  # gains away from 1, so that each norm shows
-    return model
+# The small model of checks/_fixtures.py, under this module's short names (checks/generate.py imports _CTX, _model).
+_V, _CTX, _D, _L, _H, _KV, _DFF, _THETA, _DK = LM_V, LM_CTX, LM_D, LM_L, LM_H, LM_KV, LM_DFF, LM_THETA, LM_DK
+_model = small_lm
 
 
 def _check_cache_class(cache_class: Any) -> None:
@@ -37,7 +27,7 @@ def _check_cache_class(cache_class: Any) -> None:
         buffer = getattr(cache, name, None)
         if not isinstance(buffer, Tensor) or tuple(buffer.shape) != (2, 3, 7, 4) or buffer.dtype != torch.float64:
             fail(f"{what}.{name} is {describe(buffer)}, expected a float64 tensor of shape (2, 3, 7, 4), made once",
-                 "preallocate each buffer once in __init__, zeros of shape (batch, num_heads, max_len, d_k) on the "
+                 "preallocate each buffer once in __init__, zeros of shape (batch, num_kv_heads, max_len, d_k) on the "
                  "device and in the dtype given")
     if getattr(cache, "length", None) != 0:
         fail(f"a new KVCache has length {getattr(cache, 'length', None)!r}, not 0",
@@ -131,7 +121,7 @@ def _check_in_the_model(cache_class: Any) -> None:
 def check_kv_cache(cache_class: Any) -> None:
     """Check the learner's ``KVCache`` class; print one line if right, else raise ``AssertionError``.
 
-    Checked: KVCache(batch, num_heads, max_len, d_k, device=, dtype=) preallocates zero keys and values, update
+    Checked: KVCache(batch, num_kv_heads, max_len, d_k, device=, dtype=) preallocates zero keys and values, update
     returns views of every position so far and advances length, refuses to overflow (ValueError), reset, nbytes;
     for_model makes one cache per block of the attention's key/value heads; and the course's TransformerLM (2 blocks,
     11 ids, context 8; 4 heads, or 4 query heads over 2 key/value heads) with these caches, for every prompt length

@@ -66,7 +66,8 @@ def _check_output(y: Any, x: torch.Tensor, weight: torch.Tensor, what: str, impl
     expect_tensor(what, y, returns="return the result of the einsum")
     if y.shape != expected.shape:
         if y.shape[-1:] == expected.shape[-1:] and y.numel() == expected.numel():
-            fail(f"{what} loses the leading dimensions: it returned shape {tuple(y.shape)}, expected {tuple(expected.shape)}",
+            fail(f"{what} loses the leading dimensions: it returned shape {tuple(y.shape)}, expected "
+                 f"{tuple(expected.shape)}",
                  "keep every leading dimension: the product runs over the last one only")
         fail(f"{what} returned shape {tuple(y.shape)}, expected {tuple(expected.shape)} ({shapes})",
              "the output keeps x's leading dimensions and has out_features as its last one")
@@ -132,7 +133,8 @@ def _check_forward(impl: type) -> None:
     with torch.no_grad():
         layer.weight.copy_(weight)
     x = torch.randn(2, 5, 5, generator=gen).to(torch.bfloat16)
-    _check_output(_no_builtin("Linear(5, 3)(x, torch.bfloat16)", layer, x), x, weight, "Linear(5, 3)(x, torch.bfloat16)")
+    _check_output(_no_builtin("Linear(5, 3)(x, torch.bfloat16)", layer, x), x, weight, "Linear(5, 3)(x, "
+                                                                                       "torch.bfloat16)")
 
 
 def _check_gradients(impl: type) -> None:
@@ -156,7 +158,8 @@ def _check_init(impl: type) -> None:
     torch.manual_seed(1)
     first = construct(_NAME, impl, 5, 3).weight.detach()
     if not torch.isfinite(first).all():
-        fail("Linear's initial weight contains NaN or inf, so it is not initialised (torch.empty holds whatever was in memory)",
+        fail("Linear's initial weight contains NaN or inf, so it is not initialised (torch.empty holds whatever was in "
+             "memory)",
              f"fill it in place with the recipe's draw, {_RECIPE}")
     if (first == 0).all():
         fail("Linear's initial weight is all zeros (every output feature would then learn the same thing)",
@@ -165,13 +168,15 @@ def _check_init(impl: type) -> None:
     second = construct(_NAME, impl, 5, 3).weight.detach()
     if torch.equal(first, second):
         fail("two Linear layers built after different torch.manual_seed(...) start with identical weights",
-             "draw the weight from torch's random generator with nn.init.trunc_normal_ (no fixed values, no private generator)")
+             "draw the weight from torch's random generator with nn.init.trunc_normal_ (no fixed values, no private "
+             "generator)")
 
     d_in, d_out = _INIT_SIZES
     torch.manual_seed(0)
     w = construct(_NAME, impl, d_in, d_out).weight.detach().double().flatten()
     if not torch.isfinite(w).all():
-        fail("Linear's initial weight contains NaN or inf, so it is not initialised (torch.empty holds whatever was in memory)",
+        fail("Linear's initial weight contains NaN or inf, so it is not initialised (torch.empty holds whatever was in "
+             "memory)",
              f"fill it in place with the recipe's draw, {_RECIPE}")
     sigma = math.sqrt(2 / (d_in + d_out))
     size = f"Linear({d_in}, {d_out})"
@@ -182,7 +187,8 @@ def _check_init(impl: type) -> None:
     if std == 0:
         fail(f"every initial weight of {size} has the same value ({w[0].item():.3g})", f"draw them: {recipe}")
     if abs(mean) > 5 * std / math.sqrt(w.numel()):
-        fail(f"the initial weights are not centred at 0 (mean = {mean / sigma:+.3f} σ; torch.rand, for one, draws from [0, 1))",
+        fail(f"the initial weights are not centred at 0 (mean = {mean / sigma:+.3f} σ; torch.rand, for one, draws from "
+             "[0, 1))",
              f"draw them from a normal with mean 0: {recipe}", evidence)
     z = (w - mean) / std
     kurtosis = z.pow(4).mean().item()
@@ -215,7 +221,8 @@ def _check_init(impl: type) -> None:
     beyond = int((w.abs() > 3 * sigma * (1 + 1e-3)).sum())
     if beyond:
         fail(f"{beyond:,} of {w.numel():,} initial weights lie beyond ±3σ, so nothing was truncated "
-             f"(trunc_normal_'s default cut a=-2, b=2 is in weight units, ±{2 / sigma:.0f}σ here, not multiples of std)",
+             f"(trunc_normal_'s default cut a=-2, b=2 is in weight units, ±{2 / sigma:.0f}σ here, not multiples of "
+             "std)",
              "pass the cut explicitly: a=-3 * σ, b=3 * σ", evidence)
     if abs(ratio - TRUNCATED_STD) > 0.006:
         fail(f"the initial weights' std is {ratio:.3f} σ, expected 0.987 σ (N(0, σ²) cut at ±3σ)",
@@ -243,7 +250,8 @@ def check_linear(impl: type) -> None:
     transpose; ``trunc_normal_``'s default absolute cut (a=-2, b=2: no truncation); a cut too tight;
     the wrong σ (1/sqrt(d_in), 1/sqrt(d_out), sqrt(2/d_in), 2/sqrt(d_in + d_out), sqrt(1/(d_in + d_out)),
     the variance passed as std, std 1); a uniform init (nn.Linear's default); weights never filled (in whole
-    or in part, from torch.empty or torch.Tensor(...)), all zero, or the same in every layer; a bias (registered or not); ``device``/``dtype`` ignored;
+    or in part, from torch.empty or torch.Tensor(...)), all zero, or the same in every layer; a bias (registered or
+    not); ``device``/``dtype`` ignored;
     F.linear or nn.Linear used inside; leading dimensions lost or a fixed number of them; the output cast
     to another dtype, or float64 computed in float32; no gradient reaching the weight (.detach(), .data, no_grad).
     """

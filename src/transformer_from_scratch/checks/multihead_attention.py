@@ -219,7 +219,8 @@ def _compare(out: Tensor, x: Tensor, weights: dict[str, Tensor], theta: float | 
                  "RotaryPositionalEmbedding.") if theta is not None else ""
     fail(f"the output differs from the built-in reference (F.linear + F.scaled_dot_product_attention(is_causal=True)) "
          f"by up to {diff:.3g} on {what}",
-         "project with q_proj, k_proj, v_proj; split into heads; causal attention per head; merge; output_proj" + rope_hint)
+         "project with q_proj, k_proj, v_proj; split into heads; causal attention per head; merge; output_proj"
+         + rope_hint)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -234,7 +235,8 @@ def _check_structure(impl: Any) -> None:
         module = _make(impl, _D_MODEL, _HEADS)
     if isinstance(module, nn.MultiheadAttention) or any(isinstance(m, nn.MultiheadAttention) for m in module.modules()):
         fail(f"{_NAME} is (or contains) torch.nn.MultiheadAttention",
-             "build it from four Linear layers, q_proj, k_proj, v_proj and output_proj, and scaled_dot_product_attention")
+             "build it from four Linear layers, q_proj, k_proj, v_proj and output_proj, and "
+             "scaled_dot_product_attention")
     projections = [getattr(module, name, None) for name in _PROJECTIONS]
     shared = [name for name, proj in zip(_PROJECTIONS, projections)
               if proj is not None and sum(other is proj for other in projections) > 1]
@@ -245,7 +247,8 @@ def _check_structure(impl: Any) -> None:
     expected = {f"{name}.weight": (_D_MODEL, _D_MODEL) for name in _PROJECTIONS}
     if set(found) == set(expected) - {"output_proj.weight"}:
         fail(f"{_NAME} has no output_proj (its parameters are {sorted(found)})",
-             "add self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype) and apply it to the merged heads")
+             "add self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype) and apply it to the merged "
+             "heads")
     fused_qkv = [key for key, shape in found.items() if shape == (3 * _D_MODEL, _D_MODEL)]
     if fused_qkv:
         fail(f"{_NAME} computes Q, K and V with one projection ({fused_qkv[0]} of shape {found[fused_qkv[0]]}), "
@@ -284,7 +287,8 @@ def _check_devices(impl: Any) -> None:
                          "pass device=device to RotaryPositionalEmbedding(theta, d_k, max_seq_len, device=device)")
 
 
-def _inputs(gen: torch.Generator, leading: tuple[int, ...], dtype: torch.dtype = torch.float64, seq: int = _SEQ) -> Tensor:
+def _inputs(gen: torch.Generator, leading: tuple[int, ...], dtype: torch.dtype = torch.float64,
+            seq: int = _SEQ) -> Tensor:
     return torch.randn(*leading, seq, _D_MODEL, generator=gen, dtype=torch.float64).to(dtype)
 
 
@@ -303,7 +307,8 @@ def _check_without_rope(impl: Any, gen: torch.Generator) -> None:
 
 
 def _check_with_rope(impl: Any, gen: torch.Generator) -> None:
-    """RoPE: default positions, per-sequence positions (batch = heads, so a missing head axis shows), broadcast (seq,)."""
+    """RoPE: default positions, per-sequence positions (batch = heads, so a missing head axis shows), broadcast
+    (seq,)."""
     weights = _known_weights(gen)
     module = _make(impl, _D_MODEL, _HEADS, _MAX_SEQ_LEN, _THETA, dtype=torch.float64)
     _load(module, weights)
@@ -379,7 +384,8 @@ def _check_fused(impl: Any, gen: torch.Generator) -> None:
     out = call(f"{_NAME}(..., fused=True) on x of shape {tuple(x.shape)}", module, x)
     if not close(out, _mhsa(x, weights, _HEADS, _THETA), rtol=1e-6, atol=1e-6):
         fail(f"{_NAME}(..., fused=True) differs from the reference, though the default path matches it",
-             "with fused=True, replace only the attention step: F.scaled_dot_product_attention(q, k, v, is_causal=True) "
+             "with fused=True, replace only the attention step: F.scaled_dot_product_attention(q, k, v, "
+             "is_causal=True) "
              "on the same (rotated) heads")
 
 
@@ -429,7 +435,7 @@ def check_multihead_self_attention(impl: Callable[..., Any]) -> None:
         _check_grouped(impl, gen)
         _check_cache_hook(impl, gen)
     takes = inspect.signature(impl.__init__).parameters
-    passed(f"check_multihead_self_attention: q/k/v/output_proj, no bias; matches F.linear + "
+    passed("check_multihead_self_attention: q/k/v/output_proj, no bias; matches F.linear + "
            "F.scaled_dot_product_attention(is_causal=True) with known weights (4 leading shapes, float32/64), "
            "with RoPE on Q and K (default, uneven and shared positions); gradients"
            + ("; fused=True" if "fused" in takes else "")
@@ -562,11 +568,11 @@ def _check_cache_hook(impl: Any, gen: torch.Generator) -> None:
     rotated_at_zero = reference.rotate(reference.split_heads(F.linear(x[:, 6:8], weights["k_proj"]), kv),
                                        torch.arange(2).unsqueeze(-2), _THETA)
     if torch.allclose(cache.keys[:, :, 6:8], rotated_at_zero):
-        fail(f"with a cache, the new tokens are rotated as if they started at position 0 (the chunk after 6 cached "
+        fail("with a cache, the new tokens are rotated as if they started at position 0 (the chunk after 6 cached "
              "positions)", "they sit after the cache.length positions the cache holds: rotate them at length, "
              "length + 1, …")
     if close(rows[1], _rows_seeing_the_first_keys(x[:, :5], weights, kv)):
-        fail(f"with a cache, the new token after 4 cached positions attends as if it were the first: the causal mask "
+        fail("with a cache, the new token after 4 cached positions attends as if it were the first: the causal mask "
              "is aligned to the first key", "the new tokens are the last of all the keys: query i (of n new ones) "
              "sees keys 0 … past + i, a triangle shifted by past (one new token sees every key)")
     fail(f"with a cache, prompt + single tokens + a chunk differ from the rows of the whole input by up to "

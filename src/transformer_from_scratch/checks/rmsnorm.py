@@ -97,7 +97,8 @@ def _forward(module: nn.Module, x: Tensor) -> Tensor:
         if isinstance(cause, RuntimeError) and "must match the size of tensor" in str(cause):
             fail("the mean of the squares is taken without keepdim=True, so x (..., d_model) and the RMS (...) "
                  "do not broadcast",
-                 "keep the reduced dimension with size 1, so that the RMS, shape (..., 1), broadcasts against x (..., d_model)",
+                 "keep the reduced dimension with size 1, so that the RMS, shape (..., 1), broadcasts against x (..., "
+                 "d_model)",
                  f"input {tuple(x.shape)}: {str(cause).splitlines()[0]}")
         raise
 
@@ -262,7 +263,8 @@ def _check_half(impl: Any) -> None:
         module = _make(impl, d_model, dtype=module_dtype)
         out = _forward(module, x.to(in_dtype))
         if out.dtype != in_dtype:
-            fail(f"the result is not cast back to the input's dtype ({dtype_name(in_dtype)} in, {dtype_name(out.dtype)} out)",
+            fail(f"the result is not cast back to the input's dtype ({dtype_name(in_dtype)} in, "
+                 f"{dtype_name(out.dtype)} out)",
                  "cast the result back to the dtype x came in (remember it before the upcast)",
                  f"RMSNorm({d_model}, dtype={dtype_name(module_dtype)}) on a {dtype_name(in_dtype)} input")
         expected = F.rms_norm(x.to(in_dtype).double(), (d_model,), eps=EPS)

@@ -105,7 +105,8 @@ _VARIANTS: list[tuple[Variant, str, str]] = [
      "pair k is the neighbours 2k and 2k + 1: take its members from the even and the odd coordinates, and write "
      "the result back interleaved"),
     (_rotate_half_with_interleaved_tables,
-     "it mixes two layouts: Hugging Face's rotate_half pairs x[k] with x[k + d_k/2], while cos and sin are repeated for "
+     "it mixes two layouts: Hugging Face's rotate_half pairs x[k] with x[k + d_k/2], while cos and sin are repeated "
+     "for "
      "the interleaved pairs (x[2k], x[2k+1]), so the two members of a pair turn by different angles",
      "use the course's layout throughout: the pairs are the neighbours 2k and 2k + 1, each with one cos and one "
      "sin, written back at 2k and 2k + 1"),
@@ -143,7 +144,8 @@ def _shapes(x: Tensor, positions: Tensor) -> str:
     return f"x {tuple(x.shape)}, token_positions {tuple(positions.shape)}"
 
 
-def _build(impl: type, theta: float = _THETA, d_k: int = _D_K, max_seq_len: int = _MAX_SEQ_LEN, **kwargs: Any) -> nn.Module:
+def _build(impl: type, theta: float = _THETA, d_k: int = _D_K, max_seq_len: int = _MAX_SEQ_LEN,
+           **kwargs: Any) -> nn.Module:
     return construct(_NAME, impl, theta, d_k, max_seq_len, **kwargs)
 
 
@@ -404,5 +406,6 @@ def check_rope(impl: type) -> None:
     _check_range_positions(rope, gen)
     _check_views(rope, gen)
     passed(f"check_rope: {_NAME} matches an independent complex rotation (torch.polar): interleaved pairs, "
-           "2-D to 4-D inputs, broadcast token_positions and ranges, float32/float64/bfloat16/float16, two thetas, every "
+           "2-D to 4-D inputs, broadcast token_positions and ranges, float32/float64/bfloat16/float16, two thetas, "
+           "every "
            "position < max_seq_len, gradients, no parameters, empty state dict")

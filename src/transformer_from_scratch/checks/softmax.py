@@ -7,7 +7,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from ._harness import call, call_without_builtins, check_signature, close, dtype_name, expect_tensor, fail, generator, passed
+from ._harness import (call, call_without_builtins, check_signature, close, dtype_name, expect_tensor, fail, generator,
+                       passed)
 
 Softmax = Callable[[torch.Tensor, int], torch.Tensor]
 NEG_INF = float("-inf")
@@ -64,7 +65,8 @@ KEEPDIM = ("a max or sum along dim drops that dimension (no keepdim=True), so it
 
 
 def diagnosing_crashes(impl: Softmax, what: str) -> Softmax:
-    """``impl``, with the crashes that have a classic cause turned into that diagnosis (the steps' checks use it too)."""
+    """``impl``, with the crashes that have a classic cause turned into that diagnosis (the steps' checks use it
+    too)."""
     def run(x: torch.Tensor, dim: int) -> torch.Tensor:
         try:
             return impl(x, dim)

@@ -22,7 +22,8 @@ _INIT_FIX = ("build each part from the course's Linear (Embedding, RMSNorm), whi
 # ---------------------------------------------------------------------------------------------------- silu
 
 _SILU_BUILTINS = {F.silu: "F.silu", torch._C._nn.silu: "F.silu"}  # nn.SiLU goes through F.silu
-_SILU_FIX = "compute it yourself from its definition, x · sigmoid(x): F.silu is only the reference the check compares with"
+_SILU_FIX = ("compute it yourself from its definition, x · sigmoid(x): F.silu is only the reference the check "
+             "compares with")
 _SHAPES = [(7,), (), (3, 5), (2, 3, 4)]
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -240,7 +241,8 @@ def _check_structure(impl: Any) -> None:
     for name, (d_in, d_out, role) in roles.items():
         shape, want = found[f"{name}.weight"], expected[f"{name}.weight"]
         if shape != want:
-            fail(f"{name}.weight has shape {shape}, expected {want} = ({d_out}, {d_in}) for {_NAME}({_D_MODEL}, {_D_FF})",
+            fail(f"{name}.weight has shape {shape}, expected {want} = ({d_out}, {d_in}) for {_NAME}({_D_MODEL}, "
+                 f"{_D_FF})",
                  f"{name} maps {d_in} -> {d_out} ({role}), so build it as Linear({d_in}, {d_out}): "
                  "Linear(in_features, out_features) stores its weight as (out, in)",
                  f"{d_in} = {sizes[d_in]}, {d_out} = {sizes[d_out]}")
@@ -422,8 +424,8 @@ def check_swiglu(impl: Any) -> None:
     (d_ff, d_model), or w1/w3 as (d_model, d_ff)); the d_ff argument ignored; Hugging Face's names (gate_proj,
     up_proj, down_proj), bare nn.Parameters (w1 instead of w1.weight), other names; w3 the same layer as w1;
     biases; torch.nn.Linear instead of the course's Linear (the decision: refused, its init is Kaiming-uniform);
-    weights not initialised as the recipe says, or never filled (torch.empty); device/dtype ignored; F.silu / nn.SiLU used inside; float64
-    computed in float32, the dtype not kept; no gradient reaching a weight.
+    weights not initialised as the recipe says, or never filled (torch.empty); device/dtype ignored; F.silu / nn.SiLU
+    used inside; float64 computed in float32, the dtype not kept; no gradient reaching a weight.
     """
     with torch.random.fork_rng(devices=[]):
         _check_structure(impl)

@@ -288,7 +288,8 @@ def adamw_step(theta: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torc
     denominator = {"no_sqrt": second + eps, "eps_inside_sqrt": torch.sqrt(second + eps)}.get(mistake)
     if denominator is None:
         denominator = torch.sqrt(second) + eps
-    decay = 0.0 if mistake in ("adam_l2", "no_decay") else (alpha_t if mistake == "decay_with_alpha_t" else lr) * weight_decay
+    decay = (0.0 if mistake in ("adam_l2", "no_decay")
+             else (alpha_t if mistake == "decay_with_alpha_t" else lr) * weight_decay)
     if decay_first:
         theta = theta * (1 - decay) - scale * m / denominator
     else:
@@ -500,7 +501,7 @@ def _adamw_signature(impl: type) -> None:
     for name, value in wanted.items():
         if defaults.get(name) != value:
             fail(f"AdamW's default {name} is {defaults.get(name)!r}, not the course's {value!r}",
-                 f"write the signature as AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)")
+                 "write the signature as AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)")
 
 
 def check_adamw(impl: type) -> None:
@@ -536,7 +537,8 @@ def check_adamw(impl: type) -> None:
 
 # ----------------------------------------------------------------------------------------------- the LR schedule
 
-def schedule_reference(it: int, max_lr: float, min_lr: float, warmup: int, cycle: int, mistake: str | None = None) -> float:
+def schedule_reference(it: int, max_lr: float, min_lr: float, warmup: int, cycle: int,
+                       mistake: str | None = None) -> float:
     """The warm-up + cosine schedule, right or with a named ``mistake`` (see SCHEDULE_MISTAKES)."""
     if it < warmup:
         if mistake == "warmup_off_by_one":
@@ -657,7 +659,8 @@ CLIPPING_MISTAKES = {
                      "add up the squares of every entry (or the squared norms), then take one square root"),
     "squared": ("the global norm is never square-rooted (it is the sum of squares)",
                 "take the square root of the sum of squares"),
-    "no_eps": ("the scale is max_l2_norm / norm, without the 1e-6", "scale by max_l2_norm / (norm + 1e-6), as PyTorch does"),
+    "no_eps": ("the scale is max_l2_norm / norm, without the 1e-6",
+               "scale by max_l2_norm / (norm + 1e-6), as PyTorch does"),
     "always": ("the gradients are scaled even when their norm is below the maximum (small gradients are scaled up)",
                "scale only when the norm is above max_l2_norm"),
     "float32_norm": ("the norm is accumulated in float32 while the gradients are float64, so it (and the scale) carry "
@@ -729,7 +732,8 @@ def check_gradient_clipping(impl: Callable[..., Any]) -> None:
         cases = [("above", base, 0.5 * total), ("below", base, 2.0 * total),
                  ("tiny", [1e-4 * g for g in base], 0.5e-4 * total)]
         for name, grads, max_norm in cases:
-            what = (f"gradient_clipping(3 parameters with gradients of global norm {math.sqrt(sum(g.pow(2).sum().item() for g in grads)):.3g} "
+            what = ("gradient_clipping(3 parameters with gradients of global norm "
+                    f"{math.sqrt(sum(g.pow(2).sum().item() for g in grads)):.3g} "
                     f"and 1 without, max_l2_norm={max_norm:.3g})")
             out = _run_clipping(impl, [*grads, None], max_norm, what)
             if out[-1] is not None:

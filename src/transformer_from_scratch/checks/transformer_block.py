@@ -163,7 +163,8 @@ def _load(module: nn.Module, weights: dict[str, Tensor], dtype: torch.dtype) -> 
          module.load_state_dict, {name: w.to(dtype) for name, w in weights.items()}, strict=True)
 
 
-_BUILTINS = {F.layer_norm: "F.layer_norm", _RMS_NORM: "F.rms_norm", F.multi_head_attention_forward: "multi-head attention"}
+_BUILTINS = {F.layer_norm: "F.layer_norm", _RMS_NORM: "F.rms_norm",
+             F.multi_head_attention_forward: "multi-head attention"}
 
 
 def _forward(module: nn.Module, x: Tensor, positions: Tensor | None, what: str) -> Tensor:
@@ -177,10 +178,12 @@ def _forward(module: nn.Module, x: Tensor, positions: Tensor | None, what: str) 
         out = call(what, module, *args)
     if "F.layer_norm" in spy.used:
         fail(f"{what} calls F.layer_norm: the block normalises with LayerNorm, which subtracts the mean and is not "
-             "the Llama block's RMSNorm", "use RMSNorm(d_model, device=device, dtype=dtype) from notebook 04 for ln1 and ln2")
+             "the Llama block's RMSNorm",
+             "use RMSNorm(d_model, device=device, dtype=dtype) from notebook 04 for ln1 and ln2")
     if spy.used:
         fail(f"{what} calls PyTorch's own {spy.used[0]} instead of the course's component",
-             "build the block from the package's RMSNorm, MultiHeadSelfAttention and SwiGLU (your notebooks 04, 07, 08)")
+             "build the block from the package's RMSNorm, MultiHeadSelfAttention and SwiGLU (your notebooks 04, 07, "
+             "08)")
     return expect_like(what, out, x, returns="return only out = y + ffn(ln2(y))",
                        shape_fix=f"both sub-layers map (..., seq, d_model) to (..., seq, d_model): {_RIGHT}")
 
@@ -191,7 +194,8 @@ def _causality_broken(module: nn.Module, x: Tensor) -> bool:
     before = call(f"{_NAME} on x of shape {tuple(x.shape)}", module, x)
     for t in range(x.shape[-2] - 1):
         changed = x.clone()
-        changed[..., t + 1:, :] = torch.randn(changed[..., t + 1:, :].shape, generator=gen, dtype=torch.float64).to(x.dtype)
+        changed[..., t + 1:, :] = torch.randn(changed[..., t + 1:, :].shape, generator=gen,
+                                              dtype=torch.float64).to(x.dtype)
         after = call(f"{_NAME} on x of shape {tuple(x.shape)}", module, changed)
         if not close(after[..., : t + 1, :], before[..., : t + 1, :].detach(), rtol=1e-5, atol=1e-6):
             return True
@@ -232,7 +236,8 @@ _TORCH_MODULES = {nn.TransformerEncoderLayer: "torch.nn.TransformerEncoderLayer"
 
 
 def _check_structure(impl: Any) -> None:
-    """Signature; the four submodules with the contract's names, each its own; parameters exactly the contract's state dict."""
+    """Signature; the four submodules with the contract's names, each its own; parameters exactly the contract's
+    state dict."""
     refuse_instance(impl, "check_transformer_block")
     check_signature(impl, _SIGNATURE, _NAME)
     module = _make(impl, *_CONFIG)
@@ -243,7 +248,8 @@ def _check_structure(impl: Any) -> None:
         for kind, name in _TORCH_MODULES.items():
             if isinstance(sub, kind):
                 fail(f"{_NAME} is (or contains) {name}",
-                     "build it from the package's RMSNorm, MultiHeadSelfAttention and SwiGLU (your notebooks 04, 07, 08)")
+                     "build it from the package's RMSNorm, MultiHeadSelfAttention and SwiGLU (your notebooks 04, 07, "
+                     "08)")
     ln1, ln2 = getattr(module, "ln1", None), getattr(module, "ln2", None)
     if ln1 is not None and ln1 is ln2:
         fail("ln1 and ln2 are one and the same module (shared), so both sub-layers share one gain",
@@ -260,7 +266,7 @@ def _check_init(impl: Any) -> None:
         gain = module.get_submodule(name).weight.detach()
         if not torch.equal(gain, torch.ones_like(gain)):
             fail(f"{name}.weight does not start at ones (its values lie in [{gain.min().item():.3g}, "
-                 f"{gain.max().item():.3g}])", f"create it as RMSNorm(d_model, device=device, dtype=dtype), "
+                 f"{gain.max().item():.3g}])", "create it as RMSNorm(d_model, device=device, dtype=dtype), "
                  "whose gain starts at ones, and leave it as it is")
     for name, d_in, d_out in [("attn.q_proj", d_model, d_model), ("attn.output_proj", d_model, d_model),
                               ("ffn.w1", d_model, d_ff), ("ffn.w2", d_ff, d_model)]:
@@ -338,11 +344,11 @@ def check_transformer_block(impl: Callable[..., Any]) -> None:
     """Check the learner's ``TransformerBlock`` class; print one line if right, else raise ``AssertionError``.
 
     Checked: the signature ``(d_model, num_heads, d_ff, max_seq_len, theta, device=None, dtype=None)``; the parameters
-    exactly the contract's (CONTRACT.md) ``ln1.weight``, ``attn.{q,k,v,output}_proj.weight``, ``ln2.weight``, ``ffn.{w1,w2,w3}.weight``
-    (no bias, nothing else saved), ``ln1`` and ``ln2`` two separate modules; the gains start at ones and the
-    projections as Linear starts them; ``device`` and ``dtype`` honoured (RoPE's tables too); then, with known weights
-    loaded through ``load_state_dict(strict=True)`` (gains that differ between ln1 and ln2), the output against a
-    pre-norm block built here from ``F.rms_norm``, ``F.linear``, ``F.silu`` and
+    exactly the contract's (CONTRACT.md) ``ln1.weight``, ``attn.{q,k,v,output}_proj.weight``, ``ln2.weight``,
+    ``ffn.{w1,w2,w3}.weight`` (no bias, nothing else saved), ``ln1`` and ``ln2`` two separate modules; the gains
+    start at ones and the projections as Linear starts them; ``device`` and ``dtype`` honoured (RoPE's tables too);
+    then, with known weights loaded through ``load_state_dict(strict=True)`` (gains that differ between ln1 and ln2),
+    the output against a pre-norm block built here from ``F.rms_norm``, ``F.linear``, ``F.silu`` and
     ``F.scaled_dot_product_attention(is_causal=True)`` with RoPE (d_model 12, 3 heads, d_ff 16, 5 tokens; leading
     shapes (), (2,), (2, 3); float64 and float32; token positions per sequence and shared); the gradients of x and of
     the nine weights; ``fused=True`` if the class takes it. PyTorch's own norms and attention are refused inside the
@@ -360,7 +366,8 @@ def check_transformer_block(impl: Callable[..., Any]) -> None:
         * LayerNorm instead of RMSNorm; torch.nn.TransformerEncoderLayer, nn.MultiheadAttention, nn.RMSNorm or
           F.rms_norm / F.scaled_dot_product_attention used instead of the course's components;
         * gains not starting at ones, projections not initialised as Linear, a weight never filled; device/dtype
-          ignored; the output cast to another dtype; no gradient (detached computations); fused not passed on to the attention;
+          ignored; the output cast to another dtype; no gradient (detached computations); fused not passed on to the
+          attention;
         * (if the class takes them) num_kv_heads, norm_eps or the cache not passed on.
     """
     with torch.random.fork_rng(devices=[]):
@@ -377,7 +384,8 @@ def check_transformer_block(impl: Callable[..., Any]) -> None:
     passed("check_transformer_block: ln1/attn/ln2/ffn with the course's state-dict names; pre-norm wiring; "
            "matches F.rms_norm + F.linear + F.silu + F.scaled_dot_product_attention"
            "(is_causal=True) with known weights (3 leading shapes, float32/64, token positions); gradients"
-           + ("; fused=True" if fused else "") + ("; num_kv_heads, norm_eps and the cache passed on" if grouped else ""))
+           + ("; fused=True" if fused else "")
+           + ("; num_kv_heads, norm_eps and the cache passed on" if grouped else ""))
 
 
 def _check_keywords(impl: Any) -> None:

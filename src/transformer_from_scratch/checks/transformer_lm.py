@@ -18,6 +18,8 @@ from .. import reference
 from ._harness import (BuiltinSpy, call, check_buffers_device, check_device_and_dtype, check_initialised,
                        check_parameters, check_signature, close, construct, crash_of, expect_tensor, fail, generator,
                        passed, refuse_instance)
+from ._lm_mistakes import (POSITIONS_NOT_PASSED, as_output, forward_variants, head_not_applied, last_position_only,
+                           next_stream)
 
 # What a composite says of a weight never filled: its parts initialise themselves, as their own checks demand.
 _INIT_FIX = ("build each part from the course's Linear (Embedding, RMSNorm), which fills its own weight, and do not "
@@ -71,41 +73,26 @@ def _lm(ids: Tensor, w: dict[str, Tensor], positions: Tensor | None = None, *, c
     x = embedded
     for i in range(_L):
         out = _block(embedded if chain == "embeddings" else x, w, i, positions, causal)
-        x = {"right": out, "embeddings": out, "discarded": x, "residual twice": x + out}[chain]
+        x = next_stream(chain, x, out)
     if ln_final:
         x = reference.rms_norm(x, w["ln_final.weight"])
-    logits = F.linear(x, w["lm_head.weight"])
-    return {"logits": logits, "softmax": logits.softmax(-1), "log_softmax": logits.log_softmax(-1)}[output]
+    return as_output(F.linear(x, w["lm_head.weight"]), output)
 
 
-_RETURN_LOGITS = ("return lm_head's output as it is: F.cross_entropy and sampling apply the softmax themselves, and "
-                  "the logits keep what a softmax would round away")
-# Each: (keyword arguments of _lm that make the mistake, the mistake, the fix). Order: most specific first.
+# Each: (keyword arguments of _lm that make the mistake, the mistake, the fix). Order: most specific first. The
+# mistakes of any forward pass are _lm_mistakes's, shared with check_lm_forward; two more only a whole model can make.
+_FORWARD = forward_variants("forward")
 _VARIANTS = [
-    (dict(output="softmax"), "forward returns probabilities (the softmax of the logits), not logits", _RETURN_LOGITS),
-    (dict(output="log_softmax"), "forward returns log-probabilities (log_softmax of the logits), not logits",
-     _RETURN_LOGITS),
-    (dict(ln_final=False), "ln_final is not applied: the last block's output goes straight to lm_head",
-     "pre-norm blocks leave the residual stream unnormalised: ln_final normalises it before lm_head reads it"),
+    *_FORWARD[:3],
     (dict(embedding_scale=math.sqrt(_D)),
      "the embeddings are multiplied by √d_model (as in the original Transformer), which this recipe does not do",
      "use the rows of token_embeddings as they are, unscaled"),
-    (dict(chain="discarded"), "the blocks' outputs are thrown away (`layer(x)` instead of `x = layer(x)`)",
-     "the blocks form a chain: each reads the stream the block before it returned"),
-    (dict(chain="residual twice"),
-     "the residual is added twice (x = x + layer(x)), but TransformerBlock already adds its input to its output",
-     "a block's output already holds its input (y = x + attn(ln1(x)), out = y + ffn(ln2(y))): take it as the new "
-     "stream, add nothing"),
-    (dict(chain="embeddings"), "every block reads the embeddings instead of the previous block's output",
-     "the blocks form a chain: block i reads block i-1's output"),
+    *_FORWARD[3:],
     (dict(causal=False), "no causal mask anywhere: every position also sees the tokens after it (the future)",
      "the blocks' attention must be causal (query i sees keys j <= i): run check_multihead_self_attention and "
      "check_transformer_block on your components"),
 ]
-_POSITION_VARIANTS = [
-    (dict(positions=None), "token_positions are not passed on to the blocks: the logits are those for positions "
-     "0 … seq-1", "every block needs the positions: pass token_positions on to each; None means 0 … seq-1"),
-]
+_POSITION_VARIANTS = [(dict(positions=None), *POSITIONS_NOT_PASSED)]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -157,12 +144,9 @@ def _forward(module: nn.Module, ids: Tensor, positions: Tensor | None, what: str
     expected = (*ids.shape, _V)
     if out.shape != expected:
         if tuple(out.shape) == (*ids.shape[:-1], _V):
-            fail(f"{what} returned the logits of the last position only, shape {tuple(out.shape)}",
-                 f"return the logits of every position, {expected}: training predicts the next token everywhere "
-                 "at once; generate picks the last position itself")
+            fail(*last_position_only(what, out.shape, expected))
         if tuple(out.shape) == (*ids.shape, _D):
-            fail(f"{what} returned shape {tuple(out.shape)}, the width d_model: lm_head is not applied",
-                 "lm_head maps the normalised stream from d_model to vocab_size: apply it last")
+            fail(*head_not_applied(what, out.shape))
         fail(f"{what} returned shape {tuple(out.shape)}, expected {expected} (batch…, seq, vocab_size)",
              "token_embeddings -> every block of self.layers -> ln_final -> lm_head, with no reshape or sum")
     if out.dtype != dtype:
@@ -216,7 +200,8 @@ def _named_alias(module: nn.Module, name: str) -> str | None:
 
 
 def _check_structure(impl: Any) -> None:
-    """The signature; layers a registered ModuleList of distinct blocks; the contract's names and shapes, nothing else."""
+    """The signature; layers a registered ModuleList of distinct blocks; the contract's names and shapes, nothing
+    else."""
     refuse_instance(impl, "check_transformer_lm")
     check_signature(impl, _SIGNATURE, _NAME)
     module = _make(impl, *_CONFIG)

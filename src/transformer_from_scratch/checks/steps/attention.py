@@ -149,7 +149,8 @@ def check_masked_scores(masked_scores: Callable[[torch.Tensor, torch.Tensor], to
         mask[..., 1, 1] = False
         before = scores.clone()
         what = f"masked_scores(scores of shape {_shape(scores)}, a bool mask of shape {_shape(mask)})"
-        out = call_for_tensor(what, masked_scores, scores, mask, returns="return the scores with the blocked ones at -inf")
+        out = call_for_tensor(what, masked_scores, scores, mask,
+                              returns="return the scores with the blocked ones at -inf")
         if not torch.equal(scores, before):
             fail("the scores are changed in place (masked_fill_, or an assignment into scores)",
                  "return a new tensor: scores.masked_fill(...) without the underscore, or torch.where; the caller's "
@@ -160,7 +161,8 @@ def check_masked_scores(masked_scores: Callable[[torch.Tensor, torch.Tensor], to
              "the polarity is inverted: -inf where the mask is True, but True means 'may attend'",
              "fill where the mask is False: ~mask"),
             (lambda: scores.masked_fill(~mask, 0.0),
-             "the blocked scores become 0 (filled with 0, or the scores multiplied by the mask), a score like any other",
+             "the blocked scores become 0 (filled with 0, or the scores multiplied by the mask), a score like any "
+             "other",
              "fill them with float('-inf'): e^-inf = 0 gives them weight exactly 0"),
             (lambda: scores.masked_fill(~mask, -1e9),
              "the blocked scores are set to a large finite number (-1e9), not -inf",

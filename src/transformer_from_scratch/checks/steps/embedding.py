@@ -128,7 +128,8 @@ def check_one_hot_lookup(one_hot_lookup: Callable[[torch.Tensor, torch.Tensor], 
              "reaches no output", "build the one-hot rows of the ids and multiply them by the table: the product "
              "multiplies every row, the unused ones by 0 (and 0 · NaN is NaN)",
              f"ids {ids.tolist()}, NaN in row 3 only")
-    passed("one_hot_lookup: one-hot rows times the table, equal bit for bit to the lookup for ids of shape (5,), (2, 3) "
+    passed("one_hot_lookup: one-hot rows times the table, equal bit for bit to the lookup for ids of shape (5,), (2, "
+           "3) "
            "and (), float64 and float32; it multiplies every row of the table")
 
 

@@ -4,11 +4,10 @@ prefill, one token per step and the sliding window."""
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable
+from typing import Callable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ... import reference
 from ...multihead_attention import MultiHeadSelfAttention
@@ -224,8 +223,9 @@ def check_attention_step(attention_step: Callable[..., Tensor]) -> None:
             (lambda: _attention_steps(attn, x, mask="none"), "no causal mask: in a prefill, each new query also sees "
              "the new tokens after it", "attend with the (n, start + n) causal mask of Step 2"),
             (lambda: _attention_steps(attn, x, mask="top-left"), "the causal mask is aligned to the first key: a new "
-             "query at position start + i sees only keys 0 … i", "the new queries are the last positions, start … start + "
-             "n − 1: align the mask to the last key, as Step 2 does, so that query i sees keys 0 … start + i"),
+             "query at position start + i sees only keys 0 … i",
+             "the new queries are the last positions, start … start + n − 1: align the mask to the last key, as Step 2 "
+             "does, so that query i sees keys 0 … start + i"),
             (lambda: _attention_steps(attn, x, mask="top-left for several"), "the causal mask is aligned to the first "
              "key for a chunk after cached positions: right for the prefill at start 0 (and a single token needs "
              "none), but a query at position start + i of a later chunk sees only keys 0 … i",

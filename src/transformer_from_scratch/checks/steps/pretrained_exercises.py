@@ -56,7 +56,8 @@ def check_bits_per_weight(bits_q8_0: Any, bits_q4_1: Any) -> None:
             continue
         if near(value, right[index] / 8):
             fail(f"{name} counts bytes per weight, not bits", "a byte is 8 bits")
-        if near(value, _bits(layout, leave_out=("scale", "minimum"))) or near(value, _bits(layout, leave_out=("scale",))):
+        if (near(value, _bits(layout, leave_out=("scale", "minimum")))
+                or near(value, _bits(layout, leave_out=("scale",)))):
             fail(f"{name} leaves out the block's float16 numbers", "the scale (and Q4_1's minimum) are 2 bytes each, "
                  "shared by the 32 weights of the block: add their share")
         if near(value, 32):

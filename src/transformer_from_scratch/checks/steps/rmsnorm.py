@@ -7,8 +7,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .._harness import (call_for_tensor, call_without_builtins, close, describe, diagnose, dtype_name, expect_tensor, fail,
-                        generator, passed)
+from .._harness import (call_for_tensor, call_without_builtins, close, describe, diagnose, dtype_name, expect_tensor,
+                        fail, generator, passed)
 
 _NO_RMS_NORM = {F.rms_norm: "F.rms_norm", torch.rms_norm: "torch.rms_norm"}
 _NO_RMS_NORM_FIX = "write it from your {}; F.rms_norm is the reference the notebook compares with"
@@ -76,7 +76,8 @@ def check_rms(rms: Callable[[torch.Tensor, float], torch.Tensor]) -> None:
             (lambda: torch.sqrt(x.pow(2).sum(dim=-1, keepdim=True)) + eps,
              "the squares are summed, not averaged (the L2 norm)", "take their mean (sum / d): the RMS does not grow "
              "with d; and add eps under the root"),
-            (lambda: torch.sqrt(x.pow(2).sum(dim=-1, keepdim=True)), "the squares are summed, not averaged (the L2 norm)",
+            (lambda: torch.sqrt(x.pow(2).sum(dim=-1, keepdim=True)),
+             "the squares are summed, not averaged (the L2 norm)",
              "take their mean (sum / d): the RMS does not grow with d; and add eps under the root"),
             (lambda: 1 / expected, "it returns 1 / RMS (the reciprocal square root), not the RMS",
              "return the root itself: torch.sqrt, not torch.rsqrt"),
@@ -106,10 +107,12 @@ def check_rms_norm(rms_norm: Callable[..., torch.Tensor]) -> None:
                                                         x, gain, eps), returns=fix)
         expected = x / _rms(x, eps) * gain
         variants = [
-            (lambda: x / _rms(x, eps), "the gain is not applied", "multiply the normalised x by gain, feature by feature"),
+            (lambda: x / _rms(x, eps), "the gain is not applied",
+             "multiply the normalised x by gain, feature by feature"),
             (lambda: x / _rms(x, eps) + gain, "the gain is added, not multiplied",
              "RMSNorm has no bias: multiply by gain"),
-            (lambda: x * gain / _rms(x * gain, eps), "the RMS is taken of x · gain: x is scaled before it is normalised",
+            (lambda: x * gain / _rms(x * gain, eps),
+             "the RMS is taken of x · gain: x is scaled before it is normalised",
              "normalise x first (divide by rms(x, eps)), then multiply by gain"),
             (lambda: x * _rms(x, eps) * gain, "x is multiplied by its RMS instead of divided by it",
              "divide: x / rms(x, eps)"),
@@ -120,7 +123,8 @@ def check_rms_norm(rms_norm: Callable[..., torch.Tensor]) -> None:
                       f"the eps argument is not passed on (a fixed eps = {other:g} is used)",
                       "pass eps on to your rms: rms(x, eps)") for other in (1e-5, 1e-6, 1e-8, 0.0) if other != eps]
         diagnose(what, out, expected, variants, f"{fix} (and check that your rms passes its check)")
-    passed("rms_norm: each vector divided by its RMS, times the gain, with and without leading dimensions, the eps given")
+    passed("rms_norm: each vector divided by its RMS, times the gain, with and without leading dimensions, the eps "
+           "given")
 
 
 def _ulps(out: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> float:
@@ -130,7 +134,8 @@ def _ulps(out: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> flo
 
 
 def _call_step3(fn: Callable[..., torch.Tensor], x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
-    what = f"rms_norm_upcast(a {dtype_name(x.dtype)} x of shape {tuple(x.shape)}, a {dtype_name(gain.dtype)} gain, eps={eps:g})"
+    what = (f"rms_norm_upcast(a {dtype_name(x.dtype)} x of shape {tuple(x.shape)}, a {dtype_name(gain.dtype)} gain, "
+            f"eps={eps:g})")
     out = call_without_builtins(what, _NO_RMS_NORM, _NO_RMS_NORM_FIX.format("rms_norm"), fn, x, gain, eps)
     expect_tensor(what, out, returns="return your rms_norm's result, cast back to x's dtype")
     if out.shape != x.shape:

@@ -89,7 +89,8 @@ def check_naive_softmax(naive_softmax: Softmax) -> None:
     if isinstance(out, torch.Tensor) and torch.isfinite(out).all():
         fail("naive_softmax already subtracts the max (it gives the right answer for scores of 1000): that is "
              "Step 2", "write the formula exactly as the textbook does here, exp(x) divided by its sum, so that the "
-             "next cells can show what goes wrong without the shift", f"naive_softmax([1000., 999.], 0) = {out.tolist()}")
+             "next cells can show what goes wrong without the shift",
+             f"naive_softmax([1000., 999.], 0) = {out.tolist()}")
     passed("naive_softmax: exp(x) / sum(exp(x)) along dim, for 1-3-D inputs and several dims (and NaN at scores of "
            "1000, as the formula gives)")
 
@@ -115,7 +116,8 @@ def check_stable_softmax(stable_softmax: Softmax) -> None:
         what = _what("stable_softmax", x, dim)
         out = expect_tensor(what, _call("stable_softmax", stable_softmax, x, dim), x.shape,
                             "one probability per score: same shape as x", dtype=x.dtype)
-        shifted_by_all = lambda: torch.exp(x - x.max()) / torch.exp(x - x.max()).sum(dim=dim, keepdim=True)  # noqa: E731
+        shifted_by_all = lambda: (torch.exp(x - x.max())  # noqa: E731
+                                  / torch.exp(x - x.max()).sum(dim=dim, keepdim=True))
         diagnose(what, out, torch.softmax(x, dim=dim), [
             (lambda: torch.exp(x) / torch.exp(x).sum(dim=dim, keepdim=True),
              "stable_softmax does not subtract the max, so exp overflows to inf at large scores (inf / inf = NaN)",
@@ -160,8 +162,9 @@ def check_softmax_backward(softmax_backward: Callable[[torch.Tensor, torch.Tenso
             (lambda: p * (g - g.sum(dim=dim, keepdim=True)), "softmax_backward sums g, not g ⊙ p: ⟨g, p⟩ = Σ_j g_j p_j",
              "multiply g by p before summing along dim"),
             (lambda: p * (g - (g * p).sum(dim=dim)), _KEEPDIM, _KEEPDIM_FIX),
-            (lambda: p * (g - (g * p).sum()), "softmax_backward sums g ⊙ p over every element, not along dim: each slice has its "
-             "own ⟨g, p⟩", "sum along dim only, with keepdim=True"),
+            (lambda: p * (g - (g * p).sum()),
+             "softmax_backward sums g ⊙ p over every element, not along dim: each slice has its own ⟨g, p⟩",
+             "sum along dim only, with keepdim=True"),
         ], "compute p ⊙ (g − ⟨g, p⟩), with ⟨g, p⟩ the sum of g ⊙ p along dim, kept with keepdim=True")
     passed("softmax_backward: p ⊙ (g − ⟨g, p⟩) equals autograd's gradient through torch.softmax along every dim tried")
 

@@ -222,7 +222,8 @@ def check_clip_grads(clip_grads: Callable[[list[torch.Tensor], float], Any]) -> 
             fail(f"{what} returned {describe(out)}, not the global norm", "return the norm before clipping (a number "
                  "or a 0-d tensor): the training loop logs it")
         if float32_rounded(returned, norm):
-            fail(*CLIPPING_MISTAKES["float32_norm"], f"{what} returned {returned:.10g}, where float64 gives {norm:.10g}")
+            fail(*CLIPPING_MISTAKES["float32_norm"],
+                 f"{what} returned {returned:.10g}, where float64 gives {norm:.10g}")
         if not math.isclose(returned, norm, rel_tol=1e-9):
             fail(f"{what} returned {returned:.6g}, not the global norm before clipping, {norm:.6g}",
                  "return the norm you computed, before the tensors were scaled")

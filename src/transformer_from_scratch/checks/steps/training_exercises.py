@@ -91,7 +91,8 @@ def check_state_bytes(state_bytes: Callable[[Any], int]) -> None:
                "other entries skipped")
         return
     variants = [
-        (2 * (12 + 5), "it counts elements, not bytes", "multiply each tensor's number of elements by its element size"),
+        (2 * (12 + 5), "it counts elements, not bytes",
+         "multiply each tensor's number of elements by its element size"),
         (2 * (12 + 5) * 4, "it assumes 4 bytes per element, but a float64 tensor has 8",
          "ask each tensor for its own element size"),
         (12 * 4 + 5 * 8, "it counts one tensor of each parameter's state, not all of them",

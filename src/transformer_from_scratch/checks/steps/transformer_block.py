@@ -3,7 +3,7 @@ pre-norm and post-norm, and the whole block assembled from them."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -137,7 +137,8 @@ def check_pre_norm_residual(pre_norm_residual: Callable[..., Tensor]) -> None:
          "norm(x), so every token loses its scale", "add the sub-layer's output to x as it came in, not to norm(x)"),
         (lambda: x + f(x), "the norm is left out: the sub-layer reads x itself", "the sub-layer reads norm(x)"),
     ], fix)
-    passed("pre_norm_residual: the sub-layer reads a normalised copy, the stream gets its output added as it is, x not changed")
+    passed("pre_norm_residual: the sub-layer reads a normalised copy, the stream gets its output added as it is, x not "
+           "changed")
 
 
 def check_post_norm_residual(post_norm_residual: Callable[..., Tensor]) -> None:
@@ -246,7 +247,8 @@ _VARIANTS = [
     (dict(ffn_reads="x"), "the second sub-layer reads x instead of y, so what attention wrote is lost",
      "the feed-forward sub-layer goes through residual with y, the stream after attention, not x"),
     (dict(ffn_reads="x, added to y"), "the feed-forward network reads x instead of y (y + ffn(ln2(x))), so it never "
-     "sees what attention wrote", "the feed-forward sub-layer goes through residual with y, the stream after attention"),
+     "sees what attention wrote",
+     "the feed-forward sub-layer goes through residual with y, the stream after attention"),
     (dict(ffn=False), "it returns y: the feed-forward sub-layer is missing",
      "after attention's sub-layer, apply the residual step once more, with ln2 and the feed-forward network"),
     (dict(order="ffn first"), "the sub-layers are in the wrong order: the feed-forward network comes first",

@@ -8,7 +8,10 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from .._harness import attempt, call, call_for_tensor, close, describe, diagnose, expect_tensor, fail, first_line, generator, passed
+from .._harness import (attempt, call, call_for_tensor, close, describe, diagnose, expect_tensor, fail, first_line,
+                        generator, passed)
+from .._lm_mistakes import (POSITIONS_NOT_PASSED, as_output, forward_variants, head_not_applied, last_position_only,
+                            next_stream)
 
 # ---------------------------------------------------------------------------------------------------------
 # Step 1 · the four parts
@@ -179,38 +182,23 @@ def _stand_ins(vocab: int = 9, d: int = 6, layers: int = 3) -> tuple[nn.Module, 
             _Norm(1 + 0.3 * rand(d)), _Head(rand(vocab, d) / d**0.5))
 
 
-def _forward_variant(parts: tuple, ids: Tensor, positions: Tensor | None, *, final_norm: bool = True,
+def _forward_variant(parts: tuple, ids: Tensor, positions: Tensor | None, *, ln_final: bool = True,
                      chain: str = "right", output: str = "logits") -> Tensor:
-    """The forward pass on the stand-ins, right or with one classic mistake."""
-    embeddings, layers, ln_final, lm_head = parts
+    """The forward pass on the stand-ins, right or with one classic mistake (_lm_mistakes's knobs)."""
+    embeddings, layers, norm, lm_head = parts
     with torch.no_grad():
         embedded = embeddings(ids)
         x = embedded
         for layer in layers:
             out = layer(embedded if chain == "embeddings" else x, positions)
-            x = {"right": out, "embeddings": out, "discarded": x, "residual twice": x + out}[chain]
-        logits = lm_head(ln_final(x) if final_norm else x)
+            x = next_stream(chain, x, out)
+        logits = lm_head(norm(x) if ln_final else x)
         for layer in layers:
             layer.seen.clear()
-    return {"logits": logits, "softmax": logits.softmax(-1), "log_softmax": logits.log_softmax(-1)}[output]
+    return as_output(logits, output)
 
 
-_RETURN_LOGITS = ("return lm_head's output as it is: the loss and the samplers apply the softmax themselves, and the "
-                  "logits keep what a softmax would round away")
-_FORWARD_VARIANTS = [
-    (dict(output="softmax"), "lm_forward returns probabilities (a softmax of the logits), not logits", _RETURN_LOGITS),
-    (dict(output="log_softmax"), "lm_forward returns log-probabilities (log_softmax of the logits), not logits",
-     _RETURN_LOGITS),
-    (dict(final_norm=False), "ln_final is not applied: the last block's output goes straight to lm_head",
-     "normalise with ln_final, then apply lm_head: pre-norm blocks leave the residual stream unnormalised"),
-    (dict(chain="discarded"), "the blocks' outputs are thrown away (each block is called, its result never kept)",
-     "assign each block's output to x, so that the next block reads it"),
-    (dict(chain="residual twice"),
-     "the residual is added twice (x plus the block's output), but a TransformerBlock already adds its input",
-     "x becomes the block's output as it is: the block returns its input plus what attention and the FFN add"),
-    (dict(chain="embeddings"), "every block reads the embeddings instead of the previous block's output",
-     "chain the blocks: block i reads what block i - 1 returned"),
-]
+_FORWARD_VARIANTS = forward_variants("lm_forward")  # the same catalogue as check_transformer_lm's
 
 
 def check_lm_forward(lm_forward: Callable[..., Any]) -> None:
@@ -239,14 +227,11 @@ def check_lm_forward(lm_forward: Callable[..., Any]) -> None:
             continue
         if positions is not None and all(seen) and any(
                 not any(p is not None and torch.equal(torch.as_tensor(p), positions) for p in s) for s in seen):
-            fail("token_positions are not passed on to the blocks: RoPE then rotates by 0 … seq-1 whatever the "
-                 "positions are", "call every block with x and token_positions")
+            fail(*POSITIONS_NOT_PASSED)
         if isinstance(out, Tensor) and tuple(out.shape) == (*ids.shape[:-1], vocab):
-            fail(f"{what} returned the logits of the last position only, shape {tuple(out.shape)}",
-                 "return the logits of every position: training scores the next token at all of them at once")
+            fail(*last_position_only(what, out.shape, (*ids.shape, vocab)))
         if isinstance(out, Tensor) and tuple(out.shape) == (*ids.shape, d):
-            fail(f"{what} returned shape {tuple(out.shape)}, the width d_model: lm_head is not applied",
-                 "finish with lm_head, which maps d_model features to vocab_size logits")
+            fail(*head_not_applied(what, out.shape))
         out = expect_tensor(what, out, expected.shape, "one row of vocab_size logits per position: (..., seq, vocab)")
         diagnose(what, out, expected, [(lambda k=k: _forward_variant(parts, ids, positions, **k), mistake, fix)
                                        for k, mistake, fix in _FORWARD_VARIANTS],
