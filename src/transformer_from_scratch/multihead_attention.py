@@ -1,6 +1,8 @@
 # Generated from notebooks/08_multihead_attention.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: b18b6f3ddde1f1354b346b94ab3989f9d73cf5036c9b6dccf47ac33f21488826
+# body-sha256: 5cd3f6dc38f0d894bb1744524dfee544f4c5676ac488744c82ffd673eb94a951
+
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +74,7 @@ def _repeat_kv(t: Float[Tensor, "*batch kv_heads seq d_k"], group: int) -> Float
     return t if group == 1 else t.repeat_interleave(group, dim=-3)
 
 
+@lru_cache(maxsize=8)  # every block of a forward asks for the same mask: built once, then shared (read-only)
 def _causal_mask(new: int, total: int, device=None) -> Bool[Tensor, "new total"]:
     """(new, total) bool, True where the query at position total-new+i may attend to key j (j <= total-new+i): the
     new tokens are the last of the total. new == total is the square causal mask of Step 3."""
