@@ -54,6 +54,19 @@ MIN_FIGURE_TEXT_PX = 16.0  # legible from the back of the room: slides.FLOOR_TEX
 MAX_WORDS = slides.MAX_WORDS * 1.1  # "about 150": the builder counts the Markdown, the browser the rendered text
 TOP_THIRD_PX = 240  # a lecture slide whose content ends above it uses a third of the slide
 NEAR_EMPTY_PX = 110  # a slide whose content (headings aside) is shorter, with no figure or code, is a leftover
+# Lecture slides (by heading, as MEASURE_SLIDES names them) allowed to end in the top third: a ratchet (issue 39).
+KNOWN_TOP_THIRD: dict[str, set[str]] = {
+    "08": {"Every shape, in one picture", "What grouped-query attention saves (continued)"},
+    "09": {"Pre-norm and post-norm through a deep stack of fre", "Training both wirings: learning rate and warm-up",
+           "Causality through the block"},
+    "10": {"Recap and next (continued)"},
+    "13": {"Bytes per token against vocabulary size (continued"},
+    "14": {"Recap and next (continued)"},
+}
+SILENT_SLIDES = """Array.from(document.querySelectorAll('.reveal .slides section'))
+  .filter(s => !s.querySelector('section') && !s.closest('[data-appendix]'))
+  .map((s, n) => [n + 1, (s.querySelector('aside.notes') || {textContent: ''}).textContent.trim()])
+  .filter(([n, text]) => !/(Lecturer|The point) · \\d+ min\\./.test(text)).map(([n]) => n)"""
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: `apt-get install chromium`; "
                                                          ".ci/run installs it), so no page can be opened in a browser")
@@ -256,11 +269,17 @@ def test_every_slide_of_every_deck(watched, notebook):
     assert small == [], "figures whose smallest text is too small to read"
     wordy = [(m["slide"], m["words"]) for m in measured if m["words"] > MAX_WORDS]
     assert wordy == [], f"slides of more than about {slides.MAX_WORDS} words"
-    # A lecture slide that ends in the top third is a heading and a short paragraph left alone, unless a figure beside
-    # it took a slide of its own (a figure at 16 px text may need one).
-    top_third = [(m["slide"], m["bottom"]) for n, m in enumerate(measured) if n and not m["appendix"]
-                 and m["bottom"] < TOP_THIRD_PX and not {n - 1, n + 1} & beside]
-    assert top_third == [], f"lecture slides whose content ends above {TOP_THIRD_PX} px with no figure beside them"
+    # A lecture slide that ends in the top third is a heading and a short paragraph left alone. A figure beside it no
+    # longer excuses it (issue 39: the text after a figure goes before it, or is short enough to share its slide); the
+    # slides named in KNOWN_TOP_THIRD, in notebooks that change could not edit, are a ratchet.
+    top_third = {m["slide"].split(") ", 1)[1] for n, m in enumerate(measured) if n and not m["appendix"]
+                 and m["bottom"] < TOP_THIRD_PX}
+    known = KNOWN_TOP_THIRD.get(notebook.stem[:2], set())
+    assert sorted(top_third - known) == [], f"lecture slides whose content ends above {TOP_THIRD_PX} px"
+    assert sorted(known - top_third) == [], "fixed: delete them from KNOWN_TOP_THIRD"
+    # Every lecture slide has a speaker note a lecturer can say (the lecturer's, or the slide's point and minutes).
+    silent = watched.page.evaluate(SILENT_SLIDES)
+    assert silent == [], "lecture slides with no speaker note"
     assert watched.page.evaluate(MATHJAX_ERRORS) == 0
     assert watched.errors == [], "the console shows errors while stepping through the deck"
     assert watched.foreign() == []

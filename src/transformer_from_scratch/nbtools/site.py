@@ -8,13 +8,16 @@ folder with any static server):
 
 * ``index.html``: the landing page for learners (``templates/site/index.md``): what the course builds, the ten
   notebooks with one line each (their titles' promises), how to start, and one line linking the lecturers' page.
-* ``lecturers.html``: the lecturers' page (``templates/site/lecturers.md``): the decks, their keys, the
-  instructor's build (``SOLUTIONS=1``).
+* ``lecturers.html``: the lecturers' page (``templates/site/lecturers.md``): the decks, their keys and speaker notes,
+  a session plan measured on the decks (``session_plan``: slides, the notes' minutes, the *Your turn* tasks and their
+  minutes, per deck and per part), what to do at each *Your turn*, what to prepare, the instructor's build
+  (``SOLUTIONS=1``).
 * ``NN_x.html``: each notebook's page. By default it is the **student edition**, what ``make student`` gives the
   learner: every solution region is the stub the learner fills in (``# YOUR CODE HERE``), no solution code and no
   solution marker anywhere, and no answer to an exercise: the outputs of the cells that held a solution and of
   every cell of ``## Exercises`` (a self-check prints what the answer gives) are left out, and so are the exercises'
-  collapsed answers; every other output (figures, printed results, the widgets' default figures) is the guided
+  collapsed answers, and an exercise's self-check that compares with the answer in view (``states_an_answer``: the
+  page says it runs in the notebook); every other output (figures, printed results, the widgets' default figures) is the guided
   notebook's, so the page still shows what the finished code does. With ``--solutions`` (``make site SOLUTIONS=1``)
   it is the instructor's edition: the guided notebook with its solutions, the marker lines removed, and a banner on
   every page saying so.
@@ -27,9 +30,12 @@ folder with any static server):
 * ``images/`` (the diagrams) and ``assets/`` (MathJax, reveal.js, ``notebook.css``, the site's and the decks' CSS).
 
 The repository's address on the pages comes from one setting: ``--repository`` (``make site REPOSITORY=…``), else
-the ``COURSE_REPOSITORY`` environment variable, else git's ``origin``; without any, the pages say to ask for it.
-An ``origin`` that is a local path (a clone of a clone, not an http(s), ssh or git address) is never published:
-the build warns on stderr and the pages say to ask for the address.
+the ``COURSE_REPOSITORY`` environment variable, else git's ``origin``. An ``origin`` that is a local path (a clone of
+a clone, not an http(s), ssh or git address) is never published. Without an address the public site is refused
+(exit status 2), since its pages would say ``git clone <repository-address>``, unless it is built for this machine
+only: ``--local`` (``make site LOCAL=1``, as CI does), where the pages say to ask for the address. The instructor's
+edition (``--solutions``) is never published and needs none. With an http(s) address, the README sections a notebook
+names (``README's *Speed*``) link to the repository's README, and the landing page links it.
 
 The pages are nbconvert's HTMLExporter with the ``course_site`` template (``templates/course_site/``): the
 JupyterLab look, minus what would load from a CDN (require.js, the widget manager, mermaid), plus the
@@ -60,6 +66,13 @@ STUDENT_DIR = "student"
 LANDING = TEMPLATES / "site" / "index.md"
 LECTURERS = TEMPLATES / "site" / "lecturers.md"
 REPOSITORY_VARIABLE = "COURSE_REPOSITORY"
+# A site built for this machine only (make site LOCAL=1: make passes a command line's variables to the build's
+# environment): without it, a site with no repository address to publish is refused.
+LOCAL_VARIABLE = "LOCAL"
+
+
+def _flag(value: str | None) -> bool:
+    return (value or "").strip().lower() not in ("", "0", "no", "false")
 STUDENT_NOTE_ID = "student-edition-note"  # the note nbtools/student.py puts under the title
 
 
@@ -97,11 +110,13 @@ def _clone_folder(url: str | None) -> str:
 
 
 class SiteLinks(Preprocessor):
-    """Point a notebook's links at the site: other notebooks' pages, images/."""
+    """Point a notebook's links at the site: other notebooks' pages, images/; and the README it names (``README's
+    *Speed*``) at the repository's README, where the repository has a web address."""
 
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type == "markdown":
             cell.source = rewrite_links(cell.source, lambda target: notebook_link(target, ".html"))
+            cell.source = web.link_readme(cell.source, resources.get("course", {}).get("repository"))
         return cell, resources
 
 
@@ -147,7 +162,24 @@ def student_page_notebook(path: Path) -> nbformat.NotebookNode:
             cell.outputs = []
             cell.execution_count = None
         cell.source = twin.source
+        if section == web.EXERCISES and states_an_answer(cell.source):
+            cell.source = SELF_CHECK_HIDDEN
     return guided
+
+
+# An exercise's self-check that computes in view what it compares with (an assert with the expected value, a loop that
+# builds the answer) gives the answer away on a public page; one that calls a check from
+# transformer_from_scratch.checks (computed out of view, as 12 to 14 do) does not. The page shows this line instead:
+# the learner runs the check in the notebook.
+SELF_CHECK_HIDDEN = ("# Self-check: it runs in your notebook (make workshop). Its code compares your answer with the\n"
+                     "# right one in view, so this public page leaves it out.")
+_IN_VIEW = re.compile(r"^\s*assert\b|\bassert_close\(|\bmath\.isclose\(|\btorch\.(allclose|equal)\(", re.MULTILINE)
+
+
+def states_an_answer(source: str) -> bool:
+    """Whether an exercise's code cell (outside its solution) checks the answer in view: it asserts, and not only
+    through a check imported from the course's package."""
+    return not web.has_solution(source) and "# YOUR CODE HERE" not in source and _IN_VIEW.search(source) is not None
 
 
 def instructor_page_notebook(path: Path) -> nbformat.NotebookNode:
@@ -235,11 +267,11 @@ def run_box(page: Page, repository: str | None, solutions: bool) -> str:
 
 
 def _render(html_exporter: HTMLExporter, nb, title: str, name: str, path: Path, top: str, bottom: str,
-            intro: str = "", outro: str = "", solutions: bool = False) -> str:
+            intro: str = "", outro: str = "", solutions: bool = False, repository: str | None = None) -> str:
     nb.metadata["title"] = title
     resources = {"metadata": {"name": name, "path": str(path)},
                  "course": {"nav_top": top, "intro": intro, "outro": outro, "nav_bottom": bottom,
-                            "solutions": solutions}}
+                            "solutions": solutions, "repository": repository}}
     body, _ = html_exporter.from_notebook_node(nb, resources=resources)
     return body
 
@@ -254,7 +286,7 @@ def notebook_page(page: Page, all_pages: list[Page], html_exporter: HTMLExporter
     intro = solutions_banner() if solutions else ""
     return _render(html_exporter or exporter(), nb, f"{page.short} · {COURSE}", page.stem, page.notebook.parent,
                    navigation(page, all_pages, "top", solutions), navigation(page, all_pages, "bottom", solutions),
-                   intro, solutions=solutions)
+                   intro, solutions=solutions, repository=repository)
 
 
 def landing_markdown(all_pages: list[Page], repository: str | None, solutions: bool = False,
@@ -269,6 +301,9 @@ def landing_markdown(all_pages: list[Page], repository: str | None, solutions: b
     if repository:
         clone = f"git clone {repository}\ncd {_clone_folder(repository)}"
         where = f"The course lives in a git repository: [{repository}]({repository})."
+        readme = web.web_address(repository)
+        if readme:
+            where += f" Its [README]({readme}#readme) says how to train the model for real and chat with it."
     else:
         clone = "git clone <repository-address>\ncd <repository-folder>"
         where = "The course lives in a git repository; your lecturer gives you its address."
@@ -277,9 +312,32 @@ def landing_markdown(all_pages: list[Page], repository: str | None, solutions: b
     replacements = {"<!-- edition -->": edition, "<!-- notebooks -->": notebooks_table,
                     "<!-- decks -->": decks, "<!-- clone -->": clone, "<!-- repository -->": where,
                     "<!-- first -->": f"[{all_pages[0].short}]({all_pages[0].stem}.html)"}
+    if "<!-- plan -->" in text:
+        replacements["<!-- plan -->"] = session_plan(all_pages)
     for key, value in replacements.items():
         text = text.replace(key, value)
     return rewrite_links(text, lambda target: notebook_link(target, ".html"))
+
+
+def session_plan(all_pages: list[Page]) -> str:
+    """The lecturers' page's table: for each deck's sessions, the lecture slides, the minutes their speaker notes add
+    up to, and the "Your turn" tasks it shows with their minutes (the workshop); then the totals."""
+    rows = ["| deck | session | slides | talk | *Your turn* tasks | workshop |", "|---|---|---|---|---|---|"]
+    total = slides.Session(0, 0, 0, 0)
+    count = 0
+    for page in all_pages:
+        parts = slides.sessions(page.notebook)
+        for k, part in enumerate(parts):
+            name = f"[{page.number} {page.name}]({page.stem}.slides.html)" if k == 0 else ""
+            session = f"part {k + 1} of {len(parts)}" if len(parts) > 1 else "one"
+            rows.append(f"| {name} | {session} | {part.slides} | {part.minutes} min | {part.tasks} | "
+                        f"{part.task_minutes} min |")
+            total = slides.Session(total.slides + part.slides, total.minutes + part.minutes,
+                                   total.tasks + part.tasks, total.task_minutes + part.task_minutes)
+            count += 1
+    rows.append(f"| **all** | **{count} sessions** | **{total.slides}** | **{total.minutes} min** | **{total.tasks}** | "
+                f"**{total.task_minutes} min** |")
+    return "\n".join(rows)
 
 
 def landing_page(all_pages: list[Page], html_exporter: HTMLExporter | None = None, solutions: bool = False,
@@ -345,9 +403,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="the instructor's edition: every page with its solutions (never publish it)")
     parser.add_argument("--repository", default=None,
                         help=f"the address learners clone (default: ${REPOSITORY_VARIABLE}, else git's origin)")
+    parser.add_argument("--local", action="store_true", default=_flag(os.environ.get(LOCAL_VARIABLE)),
+                        help=f"a site for this machine only, which may lack the repository's address (default: "
+                             f"${LOCAL_VARIABLE}, so make site {LOCAL_VARIABLE}=1)")
     args = parser.parse_args(argv)
     out = (args.out or (INSTRUCTOR_OUT if args.solutions else DEFAULT_OUT)).resolve()
     repository = repository_url(args.repository)
+    if repository is None and not (args.local or args.solutions):
+        print("make site: no repository address to publish (no git origin, or a local one; no "
+              f"${REPOSITORY_VARIABLE}), and a public site without it tells learners `git clone <repository-address>`. "
+              f"Give it with make site REPOSITORY=https://…, or build for this machine only with make site "
+              f"{LOCAL_VARIABLE}=1.", file=sys.stderr)
+        return 2
     written = build(out, solutions=args.solutions, repository=repository)
     print(f"wrote {len(written)} pages, their decks and the student notebooks to {out}/")
     if args.solutions:

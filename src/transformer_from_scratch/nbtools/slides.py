@@ -14,11 +14,13 @@ follows and sets ``metadata.slideshow.slide_type`` on a copy (the notebook file 
   ``**N. ``) gets a heading of its own; short exercises share a sub-slide.
 * Markdown is cut into its paragraphs. Each section's paragraphs, code and figures are spread over as few
   sub-slides as they need, evenly, with heights estimated on the 1280 × 720 canvas (``paginate``): a page never
-  ends on a paragraph that ends with a colon, prose stays with the code or figure right after it, and a
-  leftover of a few lines is avoided. A sub-slide that continues a part is headed "… (continued)".
-* Every result stays. A code cell is shown with its output when it has at most ``CODE_LINES`` lines; a longer
-  one shows its output only (text, table or figure). Printed output is cut at ``OUTPUT_LINES`` lines, saying how
-  much is left out.
+  ends on a paragraph that ends with a colon, a list stays on one page with the sentence that introduces it (only a
+  list too long for one page is cut, at LIST_COST), prose stays with the code or figure right after it, a page holds
+  at most about MAX_WORDS words, and a leftover of a few lines is avoided. A sub-slide that continues a part is
+  headed "… (continued)".
+* Every result stays. A code cell is shown with its output when it has at most ``CODE_LINES`` (8) lines; a longer
+  one shows its output only (text, table or figure) and its code goes into the speaker notes. Printed output is cut
+  at ``OUTPUT_LINES`` lines, saying how much is left out.
 * Figures are sized for the room: the smallest text drawn in a figure (read from the code that drew it: the
   course style's 12 pt, or a ``fontsize`` it sets) is ``MIN_TEXT_PX`` canvas pixels where the slide has room, up to
   1.5 times the saved size, and never below ``FLOOR_TEXT_PX`` (16). A figure whose panels do not fit side by side at
@@ -29,7 +31,8 @@ follows and sets ``metadata.slideshow.slide_type`` on a copy (the notebook file 
   mistake does), the export cell and the sentence that introduces it,
   the code of ``## Exercises`` (solutions, self-checks), a long definition with no output (unless the text
   announces it, ending with a colon: then its outline), magics with no output (``%timeit``), and sentences
-  that only make sense in the notebook (cells, collapsed hints, the student edition).
+  that only make sense in the notebook (cells, collapsed hints, the student edition, a widget's controls: "Move
+  the …", "Pick a …", sliders, "the figures below"); a widget's heading "Now you drive: X" says "X".
 * What the learners write is never on a slide: the final class (``#| export`` cells) shows as its outline
   (signatures and the first line of each docstring), and a step's solution region as ``...``. With
   ``--solutions`` (the instructor's decks) the full code goes into the speaker notes.
@@ -37,8 +40,15 @@ follows and sets ``metadata.slideshow.slide_type`` on a copy (the notebook file 
   first cell (the task stays in the lecture; the outline, a reference for the workshop, moves) go after the recap,
   as uncounted slides (reveal.js's ``data-visibility="uncounted"``): in the deck, out of the lecture's path. A
   step's self-check shows its output only.
-* ``<details>`` blocks move to the speaker notes (press S for the speaker view): the hints in every deck, the
-  exercises' answers in the instructor's decks only (``--solutions``).
+* Every lecture slide has a speaker note (press S for the speaker view) that opens with what a lecturer says:
+  the notebook's own talking points where a Markdown cell carries them in ``metadata.lecturer`` (``{"minutes": 3,
+  "say": …, "ask": …, "expect": …}``, which JupyterLab does not show the learner: see ``lecturer_note``), on the slide
+  where that cell starts; else the slide's point (its first sentence, or what it shows) and its minutes
+  (``_point_note``). ``sessions`` adds the minutes up for the lecturers' page. ``<details>`` blocks follow in the
+  notes: the hints in every deck, the exercises' answers in the instructor's decks only (``--solutions``).
+* The final class's first cell (its task) stays in the lecture; where its lists (how the class is written) would
+  take more than a slide, they move to the appendix under a heading of their own. Pitfalls listed on one slide get
+  a full sentence each and, where there is room, the sentence that gives the fix.
 * A widget's controls become a one-line note naming them, above the default figure the notebook stored.
 
 Keys in a deck (reveal.js's linear navigation): → ↓ Space PageDown (a clicker's keys) the next fragment or slide,
@@ -74,6 +84,9 @@ INSTRUCTOR_OUT = REPO / "build" / "slides-instructor"
 SKIPPED_SECTIONS = ("## Setup",)
 PITFALLS = "## Pitfalls"  # its code shows its output only: one or two slides in the lecture
 PITFALL_PAGES = 2  # more, and the lecture lists the pitfalls on one slide; the appendix holds them in full
+# The sentence of a pitfall that says how to get it right (on the slide that lists the pitfalls, after its first).
+PITFALL_FIX = re.compile(r"\b(the fix|fix(es|ed)? (it|this)|instead|rather than|the right way|always|never)\b|; (decode|use|"
+                         r"keep|cut|count|compute|call|pass|take|add|hold)\b", re.IGNORECASE)
 APPENDIX_SECTIONS = ("## Verify",)  # moved after the recap
 APPENDIX_PARTS = ("### Check it",)  # a ### part moved into the appendix, from wherever it is
 # A section whose first cell (its heading and the task) stays in the lecture and the rest moves to the appendix: the
@@ -88,7 +101,7 @@ PART_TWO_BEFORE = "## See it"  # the break goes here, or before a part of the bu
 PART_TWO_AFTER = "Build it step by step"
 PART_ONE_DONE = "End of part 1"
 NAMES = {"Llama", "Shakespeare", "Adam", "AdamW", "Hugging", "PyTorch"}  # kept capitalised inside a sentence
-CODE_LINES = 12  # longer code shows its output only
+CODE_LINES = 8  # longer code shows its output only, and goes into the speaker notes
 OUTPUT_LINES = 16  # printed output beyond this many (wrapped) lines is cut, saying how much is left out
 WIDTH, HEIGHT = 1280, 720  # reveal.js's canvas; templates/static/slides.css sizes the text for it
 
@@ -144,6 +157,9 @@ MERGE_COST = 700  # a ### part that shares the page of the part before it
 SPLIT_PROSE_COST = 2500  # prose separated from the code or figure right after it
 KEEP_COST = 10**6  # a page that ends on an exercise's heading
 COLON_COST = 5000  # a page that ends on a colon (rewritten as a full stop): worse than a leftover, not than a title alone
+# A list stays on one slide with the sentence that introduces it: a break inside it, or between the sentence ending
+# in a colon and the list, is worse than any leftover or a top-third page, and only a list too long for one slide pays.
+LIST_COST = 10**5
 # Figures may shrink below MIN_TEXT_PX, to the floor, to stay with the text that explains them (Figure.floor_scale).
 SHRINK_COST = 200  # per percent they shrink
 NEAR_EMPTY = 170  # a page whose content (heading aside) is shorter than this is a leftover
@@ -205,6 +221,7 @@ class Piece:
     code_height: int = 0  # a figure's code, 0 when it is left out
     figures: list[Figure] = field(default_factory=list)
     words: int = 0  # the words of its prose (maths, code and outputs aside)
+    joined: bool = False  # a list item with more of its list after it: a page breaks here only at LIST_COST
 
     @property
     def is_prose(self) -> bool:
@@ -267,14 +284,25 @@ def _details_to_notes(block: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", text).strip()
 
 
+# Sentences about a widget's controls (a slider, a choice, "now you drive"): in a deck a control is the figure it drew.
+WIDGET_WORDING = (
+    r"|\bsliders?\b|\bnow you drive\b|\bpick an? (configuration|token|head|depth|prompt|model|value|pair)\b"
+    r"|^(move|drag|pick|choose|set|turn|slide) (the|a|an|its|your)\b|\bframed bar is your choice\b"
+    r"|\bthe (figures?|plots?|panels?) (below|above)\b|\bthis notebook does both\b|\bthis notebook's recipe\b"
+    r"|\b(the|a) (drop-?down|checkbox|text box|knob)\b|\byour choice\b")
 # Sentences that only make sense in the notebook: the cells, the collapsed hints, the student edition.
 NOTEBOOK_ONLY = re.compile(
     r"\b(the|this|that|each|every|a new|next|your|its) (solution )?cells?\b|\bcells? (after|below|above|before)\b"
     r"|\bcollapsed\b|\bfolded\b|\bopen (its|the|their) hints?\b|\bhints? one at a time\b|\bstudent edition\b"
-    r"|[\"*_']See it[\"*_'] below|\bself-check below\b|\bin a new cell\b|\brun the cell\b",
+    r"|[\"*_']See it[\"*_'] below|\bself-check below\b|\bin a new cell\b|\brun the cell\b"
+    # A widget's controls: the deck shows the figure the notebook stored, never the controls.
+    + WIDGET_WORDING,
     re.IGNORECASE)
+# The heading of a widget's part says "now you drive"; on a slide the part is named by what it shows.
+_DRIVE_HEADING = re.compile(r"^(#{1,6} )(?:now you drive\s*[:·—-]\s*(.+)|(.+?)\s*[:·—-]\s*now you drive\s*(.*)|now you drive)$",
+                            re.IGNORECASE)
 _PROTECT = re.compile(r"`[^`]*`|\$\$.*?\$\$|\$[^$]*\$", re.DOTALL)
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z*_`$(\"'])")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z*_`$(\"'\0])")  # \0: code or maths, hidden while splitting
 
 
 def _sentences(text: str) -> list[str]:
@@ -294,6 +322,11 @@ def for_slides(block: str) -> str:
     """A paragraph as the deck says it: without the sentences that only make sense in the notebook. '' when none
     is left. Headings, lists, tables, maths and HTML are kept as they are."""
     stripped = block.strip()
+    drive = _DRIVE_HEADING.match(stripped)
+    if drive:  # "### Now you drive: temperature" -> "### Temperature"; "### The schedule: now you drive" -> "### The schedule"
+        named = (drive[2] or ": ".join(part for part in (drive[3], drive[4]) if part) or "What the controls change")
+        named = re.sub(r"^(pick|choose|move|drag|set|try) ", "", named, flags=re.IGNORECASE)  # "pick a head" -> "a head"
+        return drive[1] + named[0].upper() + named[1:]
     if re.match(r"(#|[*-] |\d+\. |\||\$\$|<|```|>)", stripped):
         return block
     text = re.sub(r"\s*\((student edition|computed below|see below|below)\)", "", stripped)
@@ -435,9 +468,10 @@ def _markdown_pieces(cell, notebook_dir: Path, title: bool) -> list[Piece]:
             new.metadata["tags"] = ["slides-aside"]  # floats right of the title and the promise
             pieces.append(Piece(new, "flow", 0))
         elif re.match(r"([*-]|\d+\.) ", stripped) and height > BUDGET // 3 and not title:
-            for item in _list_items(block):  # a long list: one piece per item, so that it can continue
+            items = _list_items(block)  # a long list: one piece per item, so that it can continue when it must
+            for k, item in enumerate(items):
                 pieces.append(Piece(nbformat.v4.new_markdown_cell(item), "flow", _markdown_height(item, notebook_dir),
-                                    keep=item.rstrip().endswith(":")))
+                                    keep=item.rstrip().endswith(":"), joined=k + 1 < len(items)))
         else:
             if re.match(r"\*\*Your turn\*\*", stripped):
                 new.metadata["tags"] = ["slides-task"]
@@ -461,8 +495,9 @@ def _markdown_pieces(cell, notebook_dir: Path, title: bool) -> list[Piece]:
 
 # --- Code ---------------------------------------------------------------------------------------------
 
-def outline(source: str) -> str | None:
-    """The classes' and functions' signatures and first docstring lines, bodies as ``...``."""
+def outline(source: str, brief: bool = False) -> str | None:
+    """The classes' and functions' signatures and first docstring lines, bodies as ``...``; ``brief``: a class's
+    methods as their signatures alone (the outline of a long class within CODE_LINES)."""
     lines = [line for line in source.splitlines() if line.strip() != "#| export"]
     text = "\n".join(lines)
     try:
@@ -480,13 +515,14 @@ def outline(source: str) -> str | None:
         out.extend(header)
         indent = " " * (node.col_offset + 4)
         doc = ast.get_docstring(node)
-        if doc:
+        if doc and not (brief and depth):
             out.append(f'{indent}"""{doc.strip().splitlines()[0]}"""')
         if isinstance(node, ast.ClassDef):
             for child in node.body:
                 if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
                         (not child.name.startswith("_") or child.name in {"__init__", "__call__"}):
-                    out.append("")
+                    if not brief:
+                        out.append("")
                     emit(child, depth + 1)
         else:
             out.append(f"{indent}...")
@@ -652,6 +688,8 @@ def _code_pieces(cell, section: str, functions: dict, solutions: bool, previous:
         return []
     if source.startswith("#| export"):
         shape = outline(source)
+        if shape and len(shape.splitlines()) > CODE_LINES:
+            shape = outline(source, brief=True)
         notes = [_solution_notes(source, "The class, in full")] if solutions else []
         return ([Piece(_code_cell(shape, []), "flow", _code_height(shape))] if shape else []) + notes
     notes = [_solution_notes(source)] if solutions and web.has_solution(source) else []
@@ -661,6 +699,11 @@ def _code_pieces(cell, section: str, functions: dict, solutions: bool, previous:
         return []
     # A pitfall's code stages the mistake; the slide shows what it does (its output), the prose names the mistake.
     short = len(shown.splitlines()) <= CODE_LINES and not _is_check(source) and section != PITFALLS
+    if not short and not _is_check(source) and section != PITFALLS and (outputs or shown.strip()):
+        # Longer code is the notebook's to read: the slide shows what it printed or drew, the notes hold the code.
+        notes = [Piece(nbformat.v4.new_markdown_cell(
+            f"**The code behind this result** ({len(shown.splitlines())} lines, in the notebook)\n\n"
+            f"```python\n{shown}\n```"), "notes")] + notes
     pngs = [o for o in outputs if "image/png" in o.get("data", {})]
     if pngs:
         font = smallest_font_pt(source, functions)
@@ -920,8 +963,12 @@ def _page_cost(items: list[Piece], heading_height: int, end_break: Piece | None,
     last = items[-1] if items else None
     at_boundary = end_break is None or end_break.kind in ("slide", "subslide")
     if last is not None and end_break is not None and not (at_boundary or end_break.soft):
-        if last.keep:
+        if last.keep and last.is_prose and _starts_list(end_break):
+            cost += LIST_COST  # "… and two are new:" on one slide, its list on the next
+        elif last.keep:
             cost += COLON_COST if last.is_prose else KEEP_COST
+        elif last.joined and _starts_list(end_break):
+            cost += LIST_COST  # a list cut in two
         elif last.is_prose and end_break.is_code:
             cost += SPLIT_PROSE_COST
     elif last is not None and last.keep and end_break is None:
@@ -934,6 +981,11 @@ def _page_cost(items: list[Piece], heading_height: int, end_break: Piece | None,
     if merged and not at_boundary:  # a later part that shares a page is on it in full
         cost += KEEP_COST
     return cost
+
+
+def _starts_list(piece: Piece) -> bool:
+    """Whether a piece of prose is a list (or its next item)."""
+    return piece.is_prose and re.match(r"\s*([*-]|\d+\.) ", piece.cell.source) is not None
 
 
 def paginate(pieces: list[Piece]) -> list[list[Piece]]:
@@ -1032,6 +1084,79 @@ def _fragment_cells(page: list[Piece], heading_height: int) -> list[nbformat.Not
     return cells
 
 
+# --- Speaker notes for the lecturer ---------------------------------------------------------------------
+
+LECTURER = "lecturer"  # a Markdown cell's metadata field: the lecturer's talking points for the slide it opens
+NOTE_MINUTES = "course_minutes"  # a notes cell's minutes (the lecturers' page adds them up)
+MINUTES_TEXT, MINUTES_FIGURE = 1, 2  # a slide without the lecturer's note: a slide of text, a slide with a figure
+
+
+def lecturer_note(meta: dict) -> Piece:
+    """The speaker note of a cell's ``metadata.lecturer``: ``{"minutes": 3, "say": "the point, as said to the room",
+    "ask": "a question for the room", "expect": "the answer to expect"}`` (``ask`` and ``expect`` optional). JupyterLab
+    keeps a cell's metadata out of the notebook's view, so the learner never sees it; the deck makes it the note."""
+    minutes = meta.get("minutes", MINUTES_TEXT)
+    text = f"**Lecturer · {minutes} min.** {meta.get('say', '').strip()}"
+    if meta.get("ask"):
+        text += f"\n\n**Ask the room:** {meta['ask'].strip()}"
+        if meta.get("expect"):
+            text += f" *Expect:* {meta['expect'].strip()}"
+    cell = nbformat.v4.new_markdown_cell(text)
+    cell.metadata[NOTE_MINUTES] = minutes
+    cell.metadata["course_lecturer"] = True
+    return Piece(cell, "notes")
+
+
+def _plain(markdown: str) -> str:
+    text = re.sub(r"\]\([^)]*\)", "]", markdown)
+    text = re.sub(r"<[^>]+>|\*|[\[\]]", "", text)
+    return " ".join(text.split())
+
+
+def _point_note(page: list[Piece], heading: str) -> nbformat.NotebookNode:
+    """A slide's note where the notebook gives none: its point (the first sentences it shows, else what it shows)
+    and its minutes, so that no lecture slide has an empty note."""
+    shown = [p for p in page if p.kind != "notes"]
+    heading = re.sub(r"\s*\(continued\)$", "", _plain(heading))
+    tags = {tag for p in shown for tag in p.cell.metadata.get("tags", [])}
+    prose = next((p for p in shown if p.is_prose and not re.match(r"\s*(\$\$|\||<img|!\[)", p.cell.source)), None)
+    figure = any(p.figures for p in shown)
+    task = "slides-task" in tags
+    if "slides-title" in tags and "slides-part" not in tags:
+        prose = None
+        point = "Say what this lecture builds, point to it in the diagram, and read out the promise."
+    elif "slides-part" in tags:
+        prose = None
+        point = ("Recap what part 1 built, one line a step; say what part 2 shows." if heading.startswith(PART_ONE_DONE)
+                 else "Open the second session: what part 1 built, in a sentence, and what today shows.")
+    if prose is not None:
+        sentences = _sentences(_plain(re.sub(r"^\s*([*-]|\d+\.)\s+", "", prose.cell.source)))
+        said = sentences[0]
+        if len(said.split()) <= 4 and len(sentences) > 1:  # a bold lead-in ("Cross-entropy."): with what it says
+            said += " " + sentences[1]
+        point = said if len(said.split()) <= 45 else " ".join(said.split()[:45]) + " …"
+    elif figure:
+        point = f"{heading}: let the room read the figure (its title states the finding), then say what it shows."
+    elif "slides-title" not in tags and "slides-part" not in tags:
+        point = f"{heading}: say what the result on the slide shows, and what it would look like if it were wrong."
+    minutes = MINUTES_FIGURE if figure else MINUTES_TEXT
+    extra = " The task is done in the workshop: read it out, say how long it takes." if task else ""
+    cell = nbformat.v4.new_markdown_cell(f"**The point · {minutes} min.** {point}{extra}")
+    cell.metadata[NOTE_MINUTES] = minutes
+    cell.metadata["slideshow"] = {"slide_type": "notes"}
+    return cell
+
+
+def _with_note(page: list[Piece], cells: list[nbformat.NotebookNode], heading: str) -> list[nbformat.NotebookNode]:
+    """A lecture page's cells with a note that leads its speaker notes: the lecturer's, else the slide's point."""
+    if any(p.cell.metadata.get("course_appendix") for p in page):
+        return cells
+    lecturer = [c for c in cells if c.metadata.get("course_lecturer")]
+    first = lecturer[0] if lecturer else _point_note(page, heading)
+    rest = [c for c in cells if c is not first]
+    return rest[:1] + [first] + rest[1:]
+
+
 def _unend_colon(page: list[Piece]) -> None:
     """A page that still ends on a colon (what followed is not on the slide) ends on a full stop."""
     shown = [p for p in page if p.kind != "notes"]
@@ -1062,6 +1187,8 @@ def layout(pieces: list[Piece]) -> list[nbformat.NotebookNode]:
                 cells.append(_set(start, "subslide"))
                 page_cells = _fragment_cells(page, start.height)
                 start_cell, head = start.cell, start.height
+            page_cells = _with_note(page, page_cells, first.heading if first.kind in ("slide", "subslide")
+                                    else _heading_before(section, first))
             if os.environ.get("COURSE_SLIDES_ESTIMATES"):  # for calibrating the heights against a browser
                 used, _, _ = _fit([p for p in page if p.kind != "notes"], _room(page, head)[0])
                 start_cell.metadata["slideshow"]["data"] = {"estimate": str(round(used + head))}
@@ -1133,6 +1260,9 @@ class DeriveSlides(Preprocessor):
                 if not self.solutions:  # a published deck: the exercises' answers stay with the instructor's
                     source = web.without_answers(source)
                 new = _markdown_pieces(nbformat.v4.new_markdown_cell(source), notebook_dir, title=index == 0)
+                if cell.metadata.get(LECTURER) and new:  # on the slide where the cell starts, before the hints
+                    at = next((k + 1 for k, p in enumerate(new) if p.kind != "notes"), 0)
+                    new.insert(at, lecturer_note(cell.metadata[LECTURER]))
             elif cell.cell_type == "code" and section not in SKIPPED_SECTIONS:
                 previous = next((p for p in reversed(lecture) if p.kind != "notes"), None)
                 new = _code_pieces(cell, section, functions, self.solutions, previous)
@@ -1149,6 +1279,11 @@ class DeriveSlides(Preprocessor):
                 appendix.setdefault(section, []).extend(new)
                 if cell.cell_type == "code" and cell.source.startswith("#| export"):
                     outlined.extend(_public_names(cell.source))
+            elif section in APPENDIX_AFTER_INTRO and index == section_start:
+                kept, notes = _final_class_intro(new)  # the task stays; a long list of design notes moves
+                lecture.extend(kept)
+                if notes:
+                    appendix.setdefault(section, []).extend(notes)
             else:
                 lecture.extend(new)
         lecture = _pitfalls_in_brief(lecture, appendix)
@@ -1157,6 +1292,47 @@ class DeriveSlides(Preprocessor):
         pieces = _two_parts(pieces, nb.cells[0].source, notebook_dir)
         nb.cells = layout(pieces)
         return nb, resources
+
+
+FINAL_CLASS_NOTES = "How the final class is written"
+
+
+def _final_class_intro(pieces: list[Piece]) -> tuple[list[Piece], list[Piece]]:
+    """The final class's first cell on the lecture's slide: its heading, its first sentences and the task. Where its
+    lists (the notes on how the class is written: the workshop's reference) would take more than one slide or more
+    than MAX_WORDS words, they move to the appendix under a heading of their own, with the speaker notes that follow
+    them, so that the lecture names the task on one slide and no list is cut in two."""
+    shown = [p for p in pieces if p.kind != "notes"]
+    listed = [p for p in shown if _starts_list(p)]
+    if not listed or (sum(p.words for p in shown) <= MAX_WORDS and sum(p.height for p in shown) <= BUDGET):
+        return pieces, []
+    kept: list[Piece] = []
+    moved: list[Piece] = []
+    last_moved = False
+    for piece in pieces:
+        if piece.kind == "notes":  # a hint stays with what it follows
+            (moved if last_moved else kept).append(piece)
+        else:
+            last_moved = _starts_list(piece)
+            (moved if last_moved else kept).append(piece)
+    # On the lecture's slide, the list in brief (each item's first sentence, else its first clause), where it fits.
+    items = [re.sub(r"^\s*([*-]|\d+\.)\s+", "", p.cell.source) for p in moved if p.kind != "notes"]
+    room = MAX_WORDS - sum(p.words for p in kept if p.kind != "notes") - 5
+    for shorten in (False, True):
+        lines = []
+        for item in items:
+            first = _sentences(" ".join(item.split()))[0]
+            end = _clause_end(first) if shorten else None
+            lines.append("* " + (first[:end].rstrip(" ,") + "." if end is not None else first))
+        listing = "\n".join(lines)
+        if words(listing) <= room:
+            brief = Piece(nbformat.v4.new_markdown_cell(listing), "flow", _markdown_height(listing, REPO / "notebooks"))
+            brief.words = words(listing)
+            at = next((k for k, p in enumerate(kept) if "slides-task" in p.cell.metadata.get("tags", [])), len(kept))
+            kept.insert(at, brief)
+            break
+    heading = nbformat.v4.new_markdown_cell(f"### {FINAL_CLASS_NOTES}")
+    return kept, [Piece(heading, "subslide", HEADING[3] + GAP, FINAL_CLASS_NOTES)] + moved
 
 
 def _pitfalls_in_brief(lecture: list[Piece], appendix: dict[str, list[Piece]]) -> list[Piece]:
@@ -1170,34 +1346,70 @@ def _pitfalls_in_brief(lecture: list[Piece], appendix: dict[str, list[Piece]]) -
     section = lecture[start:end]
     if len(paginate(copy.deepcopy(section))) <= PITFALL_PAGES:
         return lecture
-    named: list[tuple[str, str]] = []  # each pitfall's heading and its first paragraph
+    named: list[tuple[str, list[str]]] = []  # each pitfall's heading and the sentences of its prose, in order
     for piece in section:
         if piece.kind == "subslide":
-            named.append((piece.heading, ""))
-        elif named and not named[-1][1] and piece.is_prose and not piece.cell.source.lstrip().startswith(("$$", "|")):
-            named[-1] = (named[-1][0], " ".join(piece.cell.source.split()).rstrip(":") + ".")
-    # Each heading, then its first paragraph's sentences, a round at a time (one more sentence for each pitfall, in
-    # turn, where it keeps the slide within MAX_WORDS), so that every pitfall gets its share.
+            named.append((piece.heading, []))
+        elif named and piece.is_prose and not piece.cell.source.lstrip().startswith(("$$", "|")):
+            text = " ".join(piece.cell.source.split())
+            named[-1][1].extend(re.sub(r":$", ".", sentence.strip()) for sentence in _sentences(text) if sentence.strip())
+    # Every pitfall gets its heading and its first sentence, in full; then the sentence that gives its fix; then more
+    # of its first sentences, a round at a time, while the slide stays within MAX_WORDS, so that each gets its share.
     headings = [f"* **{re.sub(r'^[0-9]+[.] ', '', heading)}.**" for heading, _ in named]
-    sentences = [_sentences(paragraph) if paragraph else [] for _, paragraph in named]
-    said: list[list[str]] = [[] for _ in named]
+    sentences = [told for _, told in named]
+    chosen: list[set[int]] = [{0} if told else set() for told in sentences]
+
+    def listing_of(picked: list[set[int]]) -> str:
+        return "\n".join(" ".join([h] + [told[i] for i in sorted(p)]) for h, told, p in zip(headings, sentences, picked))
+
+    def add(k: int, i: int) -> bool:
+        trial = [set(p) for p in chosen]
+        trial[k].add(i)
+        if words(listing_of(trial)) <= MAX_WORDS:
+            chosen[k].add(i)
+            return True
+        return False
+
+    # Where the first sentences alone say too much, or leave no room for a fix, the longest ones end at their first
+    # colon or semicolon.
+    def cut_longest() -> bool:
+        longest = sorted(((len(told[0].split()), k) for k, told in enumerate(sentences) if told), reverse=True)
+        cut = next(((k, c) for _, k in longest if (c := _clause_end(sentences[k][0])) is not None), None)
+        if cut is not None:
+            sentences[cut[0]][0] = sentences[cut[0]][0][:cut[1]].rstrip(" ,") + "."
+        return cut is not None
+
+    while words(listing_of(chosen)) > MAX_WORDS and cut_longest():
+        pass
+    for k, told in enumerate(sentences):
+        fix = next((i for i, sentence in enumerate(told) if i and PITFALL_FIX.search(sentence)), None)
+        while fix is not None and not add(k, fix) and cut_longest():
+            pass
     grown = True
     while grown:
         grown = False
-        for k, left in enumerate(sentences):
-            if len(said[k]) < len(left):
-                trial = [h + "".join(" " + x for x in s) for h, s in zip(headings, said)]
-                trial[k] += " " + left[len(said[k])]
-                if words("\n".join(trial)) <= MAX_WORDS:
-                    said[k].append(left[len(said[k])])
-                    grown = True
+        for k, told in enumerate(sentences):
+            following = next((i for i in range(len(told)) if i not in chosen[k]), None)
+            if following is not None and following < 3 and add(k, following):
+                grown = True
+    said = [[told[i] for i in sorted(p)] for told, p in zip(sentences, chosen)]
     lines = [" ".join([heading] + told) for heading, told in zip(headings, said)]
     listing = "\n".join(lines)
     cell = nbformat.v4.new_markdown_cell(listing)
     brief = Piece(cell, "flow", _markdown_height(listing, REPO / "notebooks"))
     brief.words = words(listing)
     appendix[PITFALLS] = section
-    return lecture[:start] + [section[0], brief] + lecture[end:]
+    # The lecturer's note on the section (its first, where several pitfalls have one) stays with the listing.
+    said_notes = [p for p in section if p.kind == "notes" and p.cell.metadata.get("course_lecturer")][:1]
+    return lecture[:start] + [section[0], brief] + copy.deepcopy(said_notes) + lecture[end:]
+
+
+def _clause_end(sentence: str) -> int | None:
+    """Where a sentence's first clause ends (its first colon or semicolon outside code and maths), if it says enough
+    before it (eight words or more); None otherwise."""
+    hidden = _PROTECT.sub(lambda m: "x" * len(m[0]), sentence)
+    match = re.search(r"[:;] ", hidden)
+    return match.start() if match and len(hidden[:match.start()].split()) >= 8 else None
 
 
 def lecture_slides(cells: list) -> int:
@@ -1414,6 +1626,51 @@ def hanging_lines(highlighted: str) -> str:
             indent = 0
         out.append(f'<span class="course-line" style="--indent:{indent}ch">{stripped or " "}</span>')
     return highlighted[:match.start(2)] + "".join(out) + highlighted[match.end(2):]
+
+
+# --- The session plan (the lecturers' page) ------------------------------------------------------------------
+
+_TASK_MINUTES = re.compile(r"\*\*Your turn\*\*[^\n]*?(?:about\s+)?(\d+)\s*min")
+
+
+@dataclass
+class Session:
+    """One lecture of a deck: its slides, the minutes its notes add up to, its "Your turn" tasks and their minutes."""
+
+    slides: int
+    minutes: int
+    tasks: int
+    task_minutes: int
+
+
+def derived_cells(path: Path) -> list[nbformat.NotebookNode]:
+    """The deck's cells, as ``make slides`` derives them (without the solutions)."""
+    nb = nbformat.read(path, as_version=4)
+    nb, _ = WidgetNote().preprocess(nb, {})
+    derived, _ = DeriveSlides().preprocess(nb, {"metadata": {"path": str(path.parent)}})
+    return derived.cells
+
+
+def sessions(path: Path) -> list[Session]:
+    """The lecture sessions of a notebook's deck (two where it has a "Part 2" slide), measured on the deck: its
+    slides before the appendix, each slide's minutes from its speaker note (the lecturer's, else the builder's
+    estimate), and the tasks ("Your turn") it shows with the minutes the notebook gives them."""
+    found: list[Session] = [Session(0, 0, 0, 0)]
+    for cell in derived_cells(path):
+        kind = cell.metadata.get("slideshow", {}).get("slide_type")
+        if kind == "slide" and cell.source.startswith(f"## {APPENDIX_PREFIX}"):
+            break
+        if kind in ("slide", "subslide"):
+            if kind == "slide" and cell.source.startswith(f"## {PART_TWO}"):
+                found.append(Session(0, 0, 0, 0))
+            found[-1].slides += 1
+        if kind == "notes" and NOTE_MINUTES in cell.metadata:  # the lecturer's notes on the slide, else its point's
+            found[-1].minutes += cell.metadata[NOTE_MINUTES]
+        if kind != "notes" and cell.cell_type == "markdown":
+            for match in _TASK_MINUTES.finditer(cell.source):
+                found[-1].tasks += 1
+                found[-1].task_minutes += int(match[1])
+    return found
 
 
 def exporter(solutions: bool = False) -> SlidesExporter:

@@ -387,3 +387,59 @@ def stubbed(source: str, stub: str = "...") -> str:
 def solution_lines(source: str) -> list[str]:
     """The lines inside the solution regions of ``source``, stripped, blank ones left out."""
     return [line.strip() for match in _REGION.finditer(source) for line in match[2].splitlines() if line.strip()]
+
+
+# --- The repository's README --------------------------------------------------------------------------------
+
+README = REPO / "README.md"
+# A notebook names a README section in prose: "README's *Chat with it*", "(README, *Speed*)".
+README_MENTION = re.compile(r"README(?:'s|,)\s+((?:\*[^*\n]+\*(?:,\s*|\s+and\s+|\s+or\s+)?)+)")
+
+
+def readme_sections(readme: Path = README) -> list[str]:
+    """The README's ## and ### headings, as written."""
+    return [m[1].strip() for m in re.finditer(r"^#{2,3} (.+)$", readme.read_text(encoding="utf-8"), re.MULTILINE)]
+
+
+def readme_section(name: str, sections: list[str]) -> str | None:
+    """The README heading a mention names: the heading itself, or the one it starts ("Speed" for "Speed, and the
+    run-time checks"); None when there is none."""
+    return next((s for s in sections if s == name or re.match(re.escape(name) + r"\b", s)), None)
+
+
+def readme_mentions(markdown: str) -> list[str]:
+    """The README sections a Markdown text names (``README's *Chat with it* and *Speed*``)."""
+    return [name for match in README_MENTION.finditer(markdown) for name in re.findall(r"\*([^*\n]+)\*", match[1])]
+
+
+def web_address(repository: str) -> str | None:
+    """The repository's web page (where its README shows) for an http(s) clone address; None for another."""
+    if not re.match(r"https?://", repository):
+        return None
+    return re.sub(r"\.git$", "", repository.rstrip("/"))
+
+
+def heading_anchor(heading: str) -> str:
+    """The anchor GitHub and GitLab give a Markdown heading."""
+    text = re.sub(r"[`*_]", "", heading).strip().lower()
+    return re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", text))
+
+
+def link_readme(markdown: str, repository: str | None, sections: list[str] | None = None) -> str:
+    """The README's mentions as links to the repository's README (``<web address>#readme``, a section at its
+    heading's anchor) when the repository has a web address; the text as it is otherwise, or for a section the
+    README does not have."""
+    base = web_address(repository) if repository else None
+    if base is None:
+        return markdown
+    sections = readme_sections() if sections is None else sections
+
+    def section(match: re.Match) -> str:
+        found = readme_section(match[1], sections)
+        return f"[*{match[1]}*]({base}#{heading_anchor(found)})" if found else match[0]
+
+    def mention(match: re.Match) -> str:
+        named = re.sub(r"\*([^*\n]+)\*", section, match[1])
+        return match[0].replace("README", f"[README]({base}#readme)", 1).replace(match[1], named, 1)
+
+    return README_MENTION.sub(mention, markdown)
