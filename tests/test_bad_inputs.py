@@ -23,7 +23,12 @@ from transformer_from_scratch import (
     default_system,
     dequantize_q4_1,
     dequantize_q8_0,
+    chat_turn,
     load_gguf,
+    model_from_state,
+    open_gguf,
+    state_dict_from,
+    with_tied_head,
     model_config,
     our_name,
     read_metadata,
@@ -496,6 +501,15 @@ CASES = [
     case("chat_prompt-a-str", lambda: chat_prompt(["hello"]), Raises(ValueError, "a message is", "got 'hello'")),
     case("load_gguf-missing-file", lambda: load_gguf("no/such/model.gguf"),
          Raises(FileNotFoundError, "no/such/model.gguf", "make weights")),
+    case("open_gguf-not-gguf", lambda: open_gguf(_not_gguf()), Raises(ValueError, "is not a GGUF file", "b'PK")),
+    case("state_dict_from-a-path", lambda: state_dict_from("model.gguf"),
+         Raises(TypeError, "state_dict_from takes the file's tensors", "got str")),
+    case("with_tied_head-no-embedding", lambda: with_tied_head({"ln_final.weight": torch.ones(2)}, True),
+         Raises(ValueError, "no token_embeddings.weight", "['ln_final.weight']")),
+    case("model_from_state-config-list", lambda: model_from_state([49152, 576], {}),
+         Raises(TypeError, "model_from_state takes the configuration as a dict", "got list")),
+    case("chat_turn-not-a-str", lambda: chat_turn([], 42, lambda messages: "hi"),
+         Raises(TypeError, "chat_turn: the question is a str", "got int")),
     case("Tokenizer-encode_iterable-of-ints", lambda: list(_bytes_tokenizer().encode_iterable([1, 2])),
          Raises(TypeError, "Tokenizer.encode_iterable takes a str", "got int")),
 ]
@@ -507,6 +521,13 @@ def _bf16_tensor():
     from transformer_from_scratch.checks._tiny_gguf import write_tiny_gguf
     path = write_tiny_gguf(Path(tempfile.mkdtemp()) / "bf16.gguf", matrix_type="BF16")
     return next(t for t in gguf.GGUFReader(path).tensors if t.tensor_type.name == "BF16")
+
+
+def _not_gguf() -> Path:
+    """A file that is not GGUF: a zip archive's first bytes."""
+    path = Path(tempfile.mkdtemp()) / "model.gguf"
+    path.write_bytes(b"PK\x03\x04" + bytes(60))
+    return path
 
 
 def _bytes_tokenizer() -> Tokenizer:

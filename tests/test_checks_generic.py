@@ -180,12 +180,16 @@ LEARNERS = [
     function(pretrained_checks.check_our_name, pretrained_steps.our_name, tensor=False),
     function(pretrained_checks.check_tokenizer_from_gguf, pretrained_steps.tokenizer_from_gguf, tensor=False),
     function(pretrained_checks.check_chat_prompt, pretrained_steps.chat_prompt, tensor=False),
+    function(pretrained_checks.check_state_dict_from, pretrained.state_dict_from, tensor=False),
+    function(pretrained_checks.check_with_tied_head, pretrained.with_tied_head, tensor=False),
+    function(pretrained_checks.check_model_from_state, pretrained.model_from_state, tensor=False),
 ]
 # Checks of an answer (a number the learner computed), not of code: there is no call to plant a mistake in.
 ANSWERS = [kv_exercises.check_kv_cache_gib, kv_exercises.check_t_attention, training_answers.check_unigram_loss,
            tokenizer_answers.check_first_merges, tokenizer_answers.check_digits3_pattern,
            tokenizer_answers.check_context_bytes, pretrained_exercises.check_bits_per_weight,
-           pretrained_exercises.check_unpermute, pretrained_exercises.check_kv_cache_bytes]
+           pretrained_exercises.check_unpermute, pretrained_exercises.check_kv_cache_bytes,
+           pretrained_checks.check_times_smaller]
 TENSORS = [learner for learner in LEARNERS if learner.tensor]
 FLOATS = [learner for learner in TENSORS if learner.dtype]
 CLASSES = [learner for learner in LEARNERS if inspect.isclass(learner.right[learner.slot])

@@ -269,3 +269,47 @@ def test_a_tiny_file_loads_and_chats(tmp_path):
     assert untied.lm_head.weight is not untied.token_embeddings.weight
     reply = chat(model, tokenizer, [{"role": "user", "content": "Hello"}], max_new_tokens=8)
     assert isinstance(reply, str)
+
+
+# --- the chat box's Send, and chat on notebook 10's generate ----------------------------------------------------
+
+def test_chat_turn_refuses_an_empty_question_and_keeps_the_history_when_the_answer_fails():
+    from transformer_from_scratch.pretrained import chat_turn
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    before = [dict(m) for m in history]
+    asked = []
+    assert chat_turn(history, "   ", lambda messages: asked.append(messages) or "x") == "Type a question first."
+    assert history == before and asked == []
+
+    def too_long(messages):
+        raise ValueError("chat: the prompt is 9000 tokens and the context holds 8192: leave out earlier messages")
+
+    shown = chat_turn(history, "word " * 9000, too_long)
+    assert shown.startswith("ValueError: chat: the prompt is 9000 tokens") and history == before
+    assert chat_turn(history, " and you? ", lambda messages: asked.append(messages) or "fine") is None
+    assert asked == [before + [{"role": "user", "content": "and you?"}]]
+    assert history == before + [{"role": "user", "content": "and you?"}, {"role": "assistant", "content": "fine"}]
+
+
+def test_chat_turn_with_chat_on_a_tiny_model(tmp_path):
+    from transformer_from_scratch.pretrained import chat_turn
+    model, tokenizer = load_gguf(write_tiny_gguf(tmp_path / "tiny.gguf"))
+    history = []
+    answer = lambda messages: chat(model, tokenizer, messages, max_new_tokens=4)
+    assert "context holds 64" in chat_turn(history, "word " * 80, answer) and history == []
+    assert chat_turn(history, "Hello", answer) is None and [m["role"] for m in history] == ["user", "assistant"]
+
+
+def test_chat_decodes_with_generate(tmp_path, monkeypatch):
+    """chat is a layer over notebook 10's generate: one decoding loop, with <|im_end|> as its eos_id and the reply's
+    length cut where the context ends."""
+    from transformer_from_scratch import pretrained
+    model, tokenizer = load_gguf(write_tiny_gguf(tmp_path / "tiny.gguf"))
+    calls = []
+    real = pretrained.generate
+    monkeypatch.setattr(pretrained, "generate", lambda *args, **kwargs: calls.append((args, kwargs)) or
+                        real(*args, **kwargs))
+    chat(model, tokenizer, [{"role": "user", "content": "Hello"}], max_new_tokens=10_000)
+    (args, kwargs), = calls
+    assert kwargs["eos_id"] == tokenizer.special_ids["<|im_end|>"]
+    assert len(args[1]) + args[2] == model.context_length

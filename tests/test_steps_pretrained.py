@@ -6,9 +6,9 @@ import regex
 import torch
 
 from transformer_from_scratch import pretrained
-from transformer_from_scratch.checks.steps.pretrained import (SMOLLM2_TEMPLATE, SMOLLM_PATTERN, check_chat_prompt,
-                                                              check_dequantize_q4_1, check_dequantize_q8_0,
-                                                              check_model_config, check_our_name,
+from transformer_from_scratch.checks._fixtures import SMOLLM_PATTERN
+from transformer_from_scratch.checks.steps.pretrained import (SMOLLM2_TEMPLATE, check_chat_prompt, check_dequantize_q4_1,
+                                                              check_dequantize_q8_0, check_model_config, check_our_name,
                                                               check_tokenizer_from_gguf)
 from transformer_from_scratch.tokenizer import GPT2_PATTERN, Tokenizer, bytes_to_unicode
 from mutants import assert_own_verdict, assert_phrases_distinct, assert_random_state_kept, each_mistake_of

@@ -25,13 +25,15 @@ from .training import (AdamW, GPT2StyleLM, cross_entropy, get_batch, gradient_cl
 from .kv_cache import KVCache
 from .tokenizer import GPT2_PATTERN, Tokenizer, bytes_to_unicode, train_bpe
 # Notebook 14's chat() stays in transformer_from_scratch.pretrained: transformer_from_scratch.chat is `make chat`.
-from .pretrained import (chat_prompt, default_system, dequantize_q4_1, dequantize_q8_0, load_gguf, model_config,
-                         our_name, read_metadata, tensor_of, tokenizer_from_gguf)
+from .pretrained import (chat_prompt, chat_turn, default_system, dequantize_q4_1, dequantize_q8_0, load_gguf,
+                         model_config, model_from_state, open_gguf, our_name, read_metadata, state_dict_from, tensor_of,
+                         tokenizer_from_gguf, with_tied_head)
 
 __all__ = ["Linear", "Embedding", "softmax", "RMSNorm", "scaled_dot_product_attention", "RotaryPositionalEmbedding", "silu", "SwiGLU", "swiglu_hidden_size", "MultiHeadSelfAttention", "TransformerBlock", "TransformerLM", "count_resources", "next_token_distribution", "generate",
            "cross_entropy", "AdamW", "lr_cosine_schedule", "gradient_clipping", "tokenize_file", "get_batch",
            "save_checkpoint", "load_checkpoint", "GPT2StyleLM", "KVCache",
            "train_bpe", "Tokenizer", "bytes_to_unicode", "GPT2_PATTERN",
            "read_metadata", "model_config", "dequantize_q8_0", "dequantize_q4_1", "tensor_of", "our_name",
-           "tokenizer_from_gguf", "default_system", "chat_prompt", "load_gguf",
+           "tokenizer_from_gguf", "default_system", "chat_prompt", "open_gguf", "state_dict_from", "with_tied_head",
+           "model_from_state", "load_gguf", "chat_turn",
            "set_shape_checks", "shape_checks", "shape_checks_enabled", "trusted"]

@@ -1,16 +1,14 @@
 # Generated from notebooks/02_embedding.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 255cf5e95f6ada09061335e50a90f88320239609aaa2f57b6b253de1d029e3af
+# body-sha256: 765b1ac0548451a7c984cf2bfa04d4262921e5f0f8aa5fe9bab4b1f60fcadfba
 
 import torch
 from jaxtyping import Float, Shaped
 from torch import Tensor, nn
 
-from transformer_from_scratch.shapes import shape_checked
-
-# Every integer dtype can hold token ids. bool is not among them: a bool tensor in square brackets is a mask.
-INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-                  torch.uint16, torch.uint32, torch.uint64)
+# Every integer dtype can hold token ids; bool is not one of them (a bool tensor in square brackets is a mask). The rule
+# lives in shapes.is_integer_dtype, which every module that takes ids or positions asks.
+from transformer_from_scratch.shapes import is_integer_dtype, shape_checked
 
 
 def _checked_ids(token_ids: Tensor, num_embeddings: int) -> Tensor:
@@ -19,7 +17,7 @@ def _checked_ids(token_ids: Tensor, num_embeddings: int) -> Tensor:
     Raises TypeError for a tensor of another dtype (float, bool). Raises ValueError when an id is < 0 or
     >= num_embeddings, naming the smallest and largest id found and the valid range. Empty ids pass.
     """
-    if token_ids.dtype not in INTEGER_DTYPES:
+    if not is_integer_dtype(token_ids.dtype):
         hint = "; a bool tensor would act as a mask, not as ids" if token_ids.dtype == torch.bool else ""
         raise TypeError(
             f"Embedding expects integer token ids (e.g. torch.long), got a tensor of dtype {token_ids.dtype}{hint}"

@@ -1,6 +1,6 @@
 # Generated from notebooks/14_pretrained.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: b3a6b1cd8a9681f3ce833840d34383661030e28ce090846b089237ad797cc4db
+# body-sha256: 31d23bc776387e02c959952822d1292d59fa2b52b93ddf54b4c106f5307b9db1
 
 import codecs
 import os
@@ -13,16 +13,14 @@ import torch
 from jaxtyping import Float, UInt8
 from torch import Tensor
 
-from transformer_from_scratch.kv_cache import KVCache
 from transformer_from_scratch.rope import RotaryPositionalEmbedding
-from transformer_from_scratch.tokenizer import Tokenizer, bytes_to_unicode
-from transformer_from_scratch.transformer_lm import TransformerLM, next_token_distribution
+from transformer_from_scratch.tokenizer import GPT2_PATTERN, Tokenizer, bytes_to_unicode
+from transformer_from_scratch.transformer_lm import TransformerLM, generate
 
 # SmolLM2's pre-tokenizer (tokenizer.ggml.pre "smollm"): each digit alone, the rest by GPT-2's pattern, whose white
 # space stops before a digit as it stops before any other non-space.
 SMOLLM_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""
-PATTERNS = {"smollm": SMOLLM_PATTERN,
-            "gpt-2": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""}
+PATTERNS = {"smollm": SMOLLM_PATTERN, "gpt-2": GPT2_PATTERN}  # tokenizer.ggml.pre -> the pattern
 CONTROL = 3  # tokenizer.ggml.token_type of a control token (<|im_start|>, <|im_end|>, ...): a special token
 
 
@@ -148,26 +146,90 @@ def chat_prompt(messages: list[dict], system: str | None = None) -> str:
     return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages) + "<|im_start|>assistant\n"
 
 
+class _TensorExtents(gguf.GGUFReader):
+    """gguf's header parse without the tensors' data: each tensor's name and byte range, for a file too short."""
+
+    def _build_tensors(self, start_offs: int, fields: list) -> None:
+        self.extents = []
+        for field in fields:
+            _, name, _, dims, kind, offset = field.parts
+            block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(kind[0]))]
+            size = int(np.prod(dims)) * block_bytes // block
+            self.extents.append((bytes(name).decode("utf-8"), int(start_offs + offset[0]), size))
+
+
+def open_gguf(path: str | os.PathLike) -> gguf.GGUFReader:
+    """gguf.GGUFReader(path), or a ValueError in one line naming the file and what is wrong with it: not a GGUF file
+    (its first bytes), or cut short (the first tensor whose bytes run past the file's end)."""
+    with open(path, "rb") as file:
+        head = file.read(8)
+    if head[:4] != b"GGUF":
+        raise ValueError(f"{os.fspath(path)} is not a GGUF file (its first bytes are {head!r}; a GGUF file starts "
+                         f"with b'GGUF')")
+    try:
+        return gguf.GGUFReader(path)
+    except (ValueError, IndexError) as error:  # numpy's reshape of a tensor whose bytes are not all there, say
+        size = os.path.getsize(path)
+        try:
+            extents = _TensorExtents(path).extents
+        except (ValueError, IndexError):
+            raise ValueError(f"{os.fspath(path)} is truncated or damaged: its header cannot be read "
+                             f"({size} bytes)") from error
+        for name, start, nbytes in extents:
+            if start + nbytes > size:
+                raise ValueError(f"{os.fspath(path)} is truncated: tensor {name} needs {nbytes} bytes from byte "
+                                 f"{start}, the file holds {max(0, size - start)} of them") from error
+        raise
+
+
+def state_dict_from(tensors: list, *, device=None, dtype=None) -> dict[str, Tensor]:
+    """Every tensor of the file (reader.tensors) as float32 in PyTorch's order (tensor_of), under its name in
+    TransformerLM's state dict (our_name), then moved to device and cast to dtype, one at a time."""
+    if isinstance(tensors, (str, bytes, os.PathLike, gguf.GGUFReader)):
+        raise TypeError(f"state_dict_from takes the file's tensors (reader.tensors), got {type(tensors).__name__}")
+    return {our_name(t.name): tensor_of(t).to(device=device, dtype=dtype) for t in tensors}
+
+
+def with_tied_head(state: dict[str, Tensor], tied: bool) -> dict[str, Tensor]:
+    """The state dict a TransformerLM loads: with `tied` (the file has no output.weight), lm_head.weight is the
+    embedding's tensor itself, the one matrix under its second name; otherwise the state as it is."""
+    if tied and "token_embeddings.weight" not in state:
+        raise ValueError(f"with_tied_head: a tied head is the embedding matrix, and the state dict has no "
+                         f"token_embeddings.weight ({len(state)} keys, the first {sorted(state)[:2]})")
+    if tied:
+        state = {**state, "lm_head.weight": state["token_embeddings.weight"]}
+    return state
+
+
+def model_from_state(config: dict, state: dict[str, Tensor], device=None) -> TransformerLM:
+    """A TransformerLM of `config` whose parameters are the state dict's tensors themselves: built on the meta device
+    (shapes, no memory, no random initialisation), then loaded with assign=True; RoPE's tables, which no file holds,
+    computed on `device` for the model's one shared RotaryPositionalEmbedding."""
+    if not isinstance(config, dict):
+        raise TypeError(f"model_from_state takes the configuration as a dict (model_config's), got "
+                        f"{type(config).__name__}")
+    with torch.device("meta"):
+        model = TransformerLM(**config)
+    model.load_state_dict(state, assign=True)  # the tensors become the parameters (a tied model re-ties)
+    rope = model.layers[0].attn.rope           # every block's: TransformerLM keeps one set of tables
+    tables = RotaryPositionalEmbedding(rope.theta, rope.d_k, rope.max_seq_len, device=device)
+    rope.cos_table, rope.sin_table = tables.cos_table, tables.sin_table
+    return model
+
+
 def load_gguf(path: str | os.PathLike, *, device=None, dtype=None) -> tuple[TransformerLM, Tokenizer]:
     """A llama GGUF file (SmolLM2-135M-Instruct from `make weights`) as the course's TransformerLM and Tokenizer: the
     configuration from the metadata, every tensor dequantized to float32 and renamed, the model in eval mode, cast to
-    dtype and moved to device. FileNotFoundError naming `make weights` when the file is missing."""
+    dtype and moved to device. FileNotFoundError naming `make weights` when the file is missing; ValueError in one
+    line for a file that is not GGUF or is cut short (open_gguf)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no GGUF file at {path}: run `make weights` to fetch SmolLM2-135M-Instruct")
-    reader = gguf.GGUFReader(path)
-    metadata = read_metadata(reader)
-    config = model_config(metadata, [t.name for t in reader.tensors])
+    reader = open_gguf(path)
+    metadata, tensor_names = read_metadata(reader), [t.name for t in reader.tensors]
+    config = model_config(metadata, tensor_names)
     tokenizer = tokenizer_from_gguf(metadata)
-    state = {our_name(t.name): tensor_of(t).to(device=device, dtype=dtype) for t in reader.tensors}  # one at a time
-    if config["tie_embeddings"]:
-        state["lm_head.weight"] = state["token_embeddings.weight"]
-    with torch.device("meta"):  # the shapes alone: no memory, no random initialisation to throw away
-        model = TransformerLM(**config)
-    model.load_state_dict(state, assign=True)  # the file's tensors become the parameters (a tied model re-ties)
-    d_k = config["d_model"] // config["num_heads"]
-    rope = RotaryPositionalEmbedding(config["rope_theta"], d_k, config["context_length"], device)  # never stored
-    for layer in model.layers:
-        layer.attn.rope = rope
+    state = with_tied_head(state_dict_from(reader.tensors, device=device, dtype=dtype), config["tie_embeddings"])
+    model = model_from_state(config, state, device)
     return model.to(device=device, dtype=dtype).eval(), tokenizer
 
 
@@ -176,35 +238,49 @@ def chat(model: TransformerLM, tokenizer: Tokenizer, messages: list[dict], *, ma
          temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
          on_token: Callable[[str], None] | None = None) -> str:
     """The assistant's reply to `messages` ([{"role": "user", "content": ...}, ...]) in ChatML, with the template's
-    default system prompt when they start without one; one KV cache per block; greedy at temperature 0, else sampled
-    from next_token_distribution (`seed`: a sample you can repeat); until <|im_end|>, max_new_tokens or the end of the
-    context. on_token(text) receives the reply as it decodes, never part of a character. Returns the reply's text
-    without <|im_end|>. ValueError for no messages, a prompt that fills the context, or max_new_tokens < 0."""
+    default system prompt when they start without one, continued by notebook 10's generate (its KV caches, greedy at
+    temperature 0, else sampled from next_token_distribution; `seed`: a sample you can repeat) until <|im_end|>,
+    max_new_tokens or the end of the context. on_token(text) receives the reply as it decodes, never part of a
+    character. Returns the reply's text without <|im_end|>. ValueError for no messages, a prompt that fills the
+    context, or max_new_tokens < 0."""
     prompt = tokenizer.encode(chat_prompt(messages, default_system(getattr(tokenizer, "chat_template", None))))
     if len(prompt) >= model.context_length:
         raise ValueError(f"chat: the prompt is {len(prompt)} tokens and the context holds {model.context_length}: "
                          f"leave out earlier messages")
     if max_new_tokens < 0:
         raise ValueError(f"chat: max_new_tokens must be >= 0, got {max_new_tokens}")
-    weight = model.lm_head.weight
-    generator = None if seed is None else torch.Generator(weight.device).manual_seed(seed)
-    length = min(model.context_length, len(prompt) + max_new_tokens)
-    attn = model.layers[0].attn  # every block's attention has the same sizes
-    cache = [KVCache(1, attn.num_kv_heads, length, attn.d_k, device=weight.device, dtype=weight.dtype) for _ in model.layers]
-    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # holds a character's first bytes until it ends
     end = tokenizer.special_ids["<|im_end|>"]
-    ids, reply = torch.tensor([prompt], device=weight.device), []
-    for _ in range(length - len(prompt)):
-        logits = model(ids, cache=cache)[0, -1].float()
-        if temperature == 0:
-            next_id = int(logits.argmax())
-        else:
-            probs = next_token_distribution(logits, temperature, top_k, top_p)
-            next_id = int(torch.multinomial(probs, 1, generator=generator))
-        if next_id == end:
-            break
-        reply.append(next_id)
-        if on_token is not None and (piece := utf8.decode(tokenizer.vocab[next_id])):
-            on_token(piece)
-        ids = torch.tensor([[next_id]], device=weight.device)
-    return tokenizer.decode(reply)
+    weight = model.lm_head.weight
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # keeps a character's first bytes until it ends
+
+    def show(next_id: int) -> None:  # each new id's bytes through the decoder; on_token gets the text it completes
+        text = "" if next_id == end else utf8.decode(tokenizer.vocab[next_id])  # <|im_end|> is not text
+        if text:
+            on_token(text)
+
+    new = generate(model, torch.tensor(prompt, device=weight.device),
+                   min(max_new_tokens, model.context_length - len(prompt)),  # no further than the context
+                   temperature=temperature, top_k=top_k, top_p=top_p, eos_id=end,
+                   generator=None if seed is None else torch.Generator(weight.device).manual_seed(seed),
+                   on_token=None if on_token is None else show)
+    if on_token is not None and (rest := utf8.decode(b"", final=True)):  # a reply cut inside a character
+        on_token(rest)
+    return tokenizer.decode([i for i in new.tolist() if i != end])
+
+
+def chat_turn(history: list[dict], text: str, answer: Callable[[list[dict]], str]) -> str | None:
+    """One Send of a chat box: `answer(messages)` (chat, say) replies to the conversation `history` continued by the
+    user's `text`; both turns join `history` and None is returned. For an empty text, or when `answer` raises (a
+    question longer than the context, say), `history` stays as it was and the message to show is returned instead."""
+    if not isinstance(text, str):
+        raise TypeError(f"chat_turn: the question is a str, got {type(text).__name__}")
+    text = text.strip()
+    if not text:
+        return "Type a question first."
+    question = {"role": "user", "content": text}
+    try:
+        reply = answer([*history, question])
+    except Exception as error:  # shown in the box: an error raised in a button's callback is shown nowhere
+        return f"{type(error).__name__}: {error}"
+    history += [question, {"role": "assistant", "content": reply}]
+    return None

@@ -1,6 +1,6 @@
 # Generated from notebooks/11_training.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: c49012c8d8c855a6373737d098b8fdda8814c73b61079302ac41037072dd8755
+# body-sha256: f51fc8252ab763a61137de04a47fda8dc9687d3bb356e395d266dbe4f8c50408
 
 import math
 import numbers
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Integer
 from torch import Tensor, nn
 
-from transformer_from_scratch.shapes import shape_checked
+from transformer_from_scratch.shapes import is_integer_dtype, shape_checked
 
 
 class GPT2StyleLM(nn.Module):
@@ -72,7 +72,7 @@ class GPT2StyleLM(nn.Module):
 
 def _check_ids(name: str, token_ids: Tensor, vocab_size: int, context_length: int) -> None:
     """A model's checks of its token ids, each an error that names the numbers."""
-    if token_ids.ndim < 1 or token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
+    if token_ids.ndim < 1 or not is_integer_dtype(token_ids.dtype):
         raise (ValueError if token_ids.ndim < 1 else TypeError)(
             f"{name} expects integer token ids of shape (..., seq), got dtype {token_ids.dtype} and shape "
             f"{tuple(token_ids.shape)}")
@@ -92,7 +92,7 @@ def _check_cross_entropy(inputs: Tensor, targets: Tensor) -> None:
         raise TypeError(f"cross_entropy expects floating-point logits as inputs, got dtype {inputs.dtype}")
     if inputs.ndim < 1 or inputs.shape[-1] < 1:
         raise ValueError(f"cross_entropy expects inputs of shape (..., vocab), got shape {tuple(inputs.shape)}")
-    if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
+    if not is_integer_dtype(targets.dtype):
         raise TypeError(f"cross_entropy expects integer class ids as targets, got dtype {targets.dtype}")
     if tuple(targets.shape) != tuple(inputs.shape[:-1]):
         raise ValueError(f"cross_entropy: targets must have the logits' leading shape {tuple(inputs.shape[:-1])}, got "

@@ -1,8 +1,9 @@
 # Generated from notebooks/10_transformer_lm.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 5eb4eda70cfe66fce5b4fa1c908ae847ec1b9245b6c9fbef40d01f21af8cb8c0
+# body-sha256: 38a9c2fa0b712c7e450bed115ed63088296e667358bf3d82ab4f27649dc78f32
 
 import inspect
+from collections.abc import Callable
 
 import torch
 from jaxtyping import Float, Int, Integer
@@ -11,7 +12,8 @@ from torch import Tensor, nn
 from transformer_from_scratch.embedding import Embedding
 from transformer_from_scratch.linear import Linear
 from transformer_from_scratch.rmsnorm import RMSNorm
-from transformer_from_scratch.shapes import check_length, check_positions, checking, shape_checked, trusted
+from transformer_from_scratch.shapes import (check_length, check_positions, checking, is_integer_dtype, shape_checked,
+                                             trusted)
 from transformer_from_scratch.softmax import softmax
 from transformer_from_scratch.transformer_block import TransformerBlock
 
@@ -32,7 +34,7 @@ def _check_input(model: "TransformerLM", token_ids: Tensor, token_positions: Ten
     if token_ids.ndim < 1:
         raise ValueError(f"TransformerLM expects token ids of shape (..., seq), got a 0-d tensor: "
                          f"wrap one id as a sequence, token_ids.view(1)")
-    if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
+    if not is_integer_dtype(token_ids.dtype):
         raise TypeError(f"TransformerLM expects integer token ids (torch.long), got dtype {token_ids.dtype}")
     past = 0
     if cache is not None:
@@ -53,7 +55,7 @@ def _check_generate(prompt_ids: Tensor, max_new_tokens: int, temperature: float,
     if prompt_ids.ndim != 1 or prompt_ids.numel() == 0:
         raise ValueError(f"generate needs the prompt as one non-empty sequence of ids, shape (prompt,), got "
                          f"shape {tuple(prompt_ids.shape)}")
-    if prompt_ids.dtype.is_floating_point or prompt_ids.dtype == torch.bool:
+    if not is_integer_dtype(prompt_ids.dtype):
         raise TypeError(f"generate expects integer token ids (torch.long), got dtype {prompt_ids.dtype}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -242,7 +244,8 @@ def _new_cache(model: nn.Module) -> list | None:
 @torch.no_grad()
 def generate(model: nn.Module, prompt_ids: Int[Tensor, "prompt"], max_new_tokens: int, *, use_cache: bool = True,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-             generator: torch.Generator | None = None, eos_id: int | None = None) -> Int[Tensor, "new"]:
+             generator: torch.Generator | None = None, eos_id: int | None = None,
+             on_token: Callable[[int], None] | None = None) -> Int[Tensor, "new"]:
     """Continue prompt_ids (one sequence of at least one id, on the model's device) by up to max_new_tokens ids, one
     at a time; return the new ids only, shape (n,) with n <= max_new_tokens.
 
@@ -250,6 +253,7 @@ def generate(model: nn.Module, prompt_ids: Int[Tensor, "prompt"], max_new_tokens
     the logits of the last position and picks the next id: the argmax at temperature 0 (greedy), otherwise one
     torch.multinomial draw from next_token_distribution(logits, temperature, top_k, top_p) with `generator` (seed it
     for a sample you can reproduce; it lives on the model's device). Stops after emitting eos_id, if one is given.
+    on_token(id), if given, gets each new id (an int) as soon as it is picked: the ids returned, eos_id included.
 
     use_cache (the default; a model whose forward takes `cache`, a TransformerLM): every block's keys and values are
     kept (notebook 12's KV cache), so the prompt runs once and each later step the newest id alone, with the same ids
@@ -279,6 +283,8 @@ def generate(model: nn.Module, prompt_ids: Int[Tensor, "prompt"], max_new_tokens
                 probs = next_token_distribution(logits, temperature, top_k, top_p)
                 next_id = torch.multinomial(probs, 1, generator=generator)
             ids = torch.cat([ids, next_id.to(ids.dtype)])
+            if on_token is not None:
+                on_token(next_id.item())
             if eos_id is not None and next_id.item() == eos_id:
                 break
     return ids[prompt_ids.numel():]

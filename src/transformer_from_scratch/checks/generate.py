@@ -15,7 +15,7 @@ from torch import Tensor
 from ..transformer_lm import TransformerLM
 from ..transformer_lm import generate as course_generate
 from ._harness import call, describe, expect_tensor, fail, passed
-from .kv_cache import _CTX, _model
+from ._fixtures import LM_CTX as _CTX, small_lm as _model
 
 
 class _Calls:
@@ -62,7 +62,9 @@ def check_generate(generate: Callable[..., Tensor]) -> None:
     Mistakes it recognises (by name, in the first line of the error): no use_cache argument; the cache never used;
     more than the newest id per step; the window never slid (the caches overflow); the stale cache kept after the
     slide; a cache kept across calls; use_cache=False still caching; no stop at eos_id; ids picked otherwise than
-    the argmax at temperature 0 and one torch.multinomial draw with the generator otherwise.
+    the argmax at temperature 0 and one torch.multinomial draw with the generator otherwise; on_token (when generate
+    takes it) not called with each id as it is picked (only at the end), with something else than the ids returned
+    (eos_id left out, tensors in place of ints), or not at all.
     """
     if "use_cache" not in inspect.signature(generate).parameters:
         fail("generate has no use_cache argument", "add it as a keyword argument, use_cache: bool = True")
@@ -81,6 +83,8 @@ def check_generate(generate: Callable[..., Tensor]) -> None:
         if not isinstance(got, Tensor) or got.tolist() != course_generate(model, prompts[0], 10, temperature=0,
                                                                           eos_id=eos, use_cache=False).tolist():
             fail("generate does not stop right after emitting eos_id", "after appending an id equal to eos_id, stop")
+        if "on_token" in inspect.signature(generate).parameters:
+            _check_on_token(generate, model, prompts[0], eos)
     if not cache_ready:
         passed("check_generate: without a cache (use_cache=False), the ids of the course's generate, greedy and "
                "sampled, within the context and past it, the whole window every step; eos_id stops. The cache's part "
@@ -88,7 +92,7 @@ def check_generate(generate: Callable[..., Tensor]) -> None:
         return
     passed("check_generate: the ids of generate without a cache, greedy and sampled, within the context and past it, "
            "two prompts in a row; with the cache, the prompt once, then one id per step, the window again after each "
-           "slide; without it, the whole window every step; eos_id stops")
+           "slide; without it, the whole window every step; eos_id stops; on_token told of each id as it is picked")
 
 
 def _cache_ready(generate: Callable[..., Tensor], model: TransformerLM) -> bool:
@@ -148,3 +152,33 @@ def _check_one(generate: Callable[..., Tensor], model: TransformerLM, prompt: Te
     if not use_cache and calls.sizes != right:
         fail("generate with use_cache=False does not run the whole window (its last context_length ids) at every "
              "step", "without a cache, each step runs the model on the last context_length ids", f"on {what}")
+
+
+def _check_on_token(generate: Callable[..., Tensor], model: TransformerLM, prompt: Tensor, eos: int) -> None:
+    """on_token: each id, a Python int, reported as soon as it is picked (before the model's next call), eos_id too."""
+    events: list[Any] = []
+    handle = model.register_forward_pre_hook(lambda module, args: events.append("model"))
+    what = "generate(model, prompt_ids, 10, temperature=0, eos_id=..., on_token=...)"
+    try:
+        got = call(what, generate, model, prompt, 10, temperature=0, eos_id=eos, on_token=events.append)
+    finally:
+        handle.remove()
+    got = expect_tensor(what, got, returns="return the new ids as one tensor")
+    seen = [event for event in events if not isinstance(event, str)]
+    if not seen:
+        fail("generate never calls on_token", "call on_token with each new id as soon as it is picked: a caller "
+             "shows the text as it grows", f"on {what}")
+    if not all(type(event) is int for event in seen):
+        fail(f"on_token receives {describe(seen[0])}, not the id as a Python int", "hand on_token the id itself, a "
+             "number a caller can look up in its vocabulary, not the tensor that holds it", f"on {what}")
+    if seen == got.tolist()[:-1] and got.tolist()[-1] == eos:
+        fail("on_token is not told of eos_id, though generate returns it", "report every id generate returns, the "
+             "last one too: the caller decides what eos_id means to it", f"on {what}")
+    if seen != got.tolist():
+        fail(f"on_token receives {seen}, not the ids generate returns, {got.tolist()}", "report each new id once, "
+             "in order, as it is picked", f"on {what}")
+    steps = [event if isinstance(event, str) else "id" for event in events]
+    if steps != ["model", "id"] * len(seen):
+        fail("on_token is called late: the ids arrive after the model has run again (or all at the end), not as each "
+             "is picked", "call on_token inside the loop, right after the id is picked: a reader waiting for the text "
+             "should not wait for the rest of it", f"on {what}: the calls in order, {steps}")

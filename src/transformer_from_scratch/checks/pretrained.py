@@ -26,7 +26,8 @@ from ..tokenizer import Tokenizer
 from ..transformer_lm import TransformerLM
 from ._harness import attempt, call, crashed, describe, fail, first_line, passed, refuses
 from ._tiny_gguf import NORM_EPS, ROPE_THETA, SIZES, TEMPLATE, write_tiny_gguf
-from .steps.pretrained import _reference_tokenizer
+from ._fixtures import reference_tokenizer as _reference_tokenizer
+from .steps.pretrained import load_crash, named_dequantization_mistake
 from .tokenizer import short
 
 
@@ -93,7 +94,14 @@ def _unpack(out: Any, what: str) -> tuple[nn.Module, Any]:
     return model, tokenizer
 
 
-def _check_weights(model: nn.Module, state: dict[str, torch.Tensor], what: str, tied: bool) -> None:
+def file_blocks(path: str | os.PathLike) -> dict[str, tuple[str, torch.Tensor]]:
+    """The file's quantized tensors by the course's names: (type, their raw uint8 blocks, one row of bytes per row)."""
+    return {_renamed(t.name): (t.tensor_type.name, torch.from_numpy(np.array(t.data)))
+            for t in gguf.GGUFReader(path).tensors if t.tensor_type.name in ("Q8_0", "Q4_1")}
+
+
+def _check_weights(model: nn.Module, state: dict[str, torch.Tensor], what: str, tied: bool,
+                   blocks: dict[str, tuple[str, torch.Tensor]]) -> None:
     found = dict(model.state_dict())
     missing = sorted(set(state) - set(found))
     if missing:
@@ -103,7 +111,8 @@ def _check_weights(model: nn.Module, state: dict[str, torch.Tensor], what: str, 
         weight = found[name]
         if weight.is_meta:
             fail(f"{what}: {name} is still on the meta device, with no numbers", "load the file's tensors into the "
-                 "model (load_state_dict(..., assign=True)) and compute what the file does not hold (RoPE's tables)")
+                 "model (model_from_state: the tensors become the parameters) and compute what the file does not hold "
+                 "(RoPE's tables)")
         if tuple(weight.shape) != tuple(expected.shape):
             fail(f"{what}: {name} has shape {tuple(weight.shape)}, expected {tuple(expected.shape)}",
                  "ggml lists a tensor's fastest axis first: reverse its shape to get PyTorch's (d_out, d_in)")
@@ -116,6 +125,12 @@ def _check_weights(model: nn.Module, state: dict[str, torch.Tensor], what: str, 
         if name == "lm_head.weight" and tied:
             fail(f"{what}: lm_head.weight is not the embedding matrix, though the file has no output.weight",
                  "a file without output.weight ties the embeddings: build the model with tie_embeddings=True")
+        if name in blocks:
+            kind, raw = blocks[name]
+            if (named := named_dequantization_mistake(got, raw, expected, kind)) is not None:
+                mistake, fix = named
+                fail(f"{what}: {name}, a {kind} tensor, is dequantized wrong: {mistake}", fix,
+                     f"the dequantizer of {kind} in your final class (check_dequantize_{kind.lower()} runs it alone)")
         fail(f"{what}: {name} differs from the file's dequantized values by up to "
              f"{(got - expected).abs().max().item():.3g}", "dequantize each tensor by its type (F32, F16, Q8_0, "
              "Q4_1: check_dequantize_q8_0 and check_dequantize_q4_1) and give it its own name (our_name)")
@@ -126,6 +141,21 @@ def _check_weights(model: nn.Module, state: dict[str, torch.Tensor], what: str, 
     if tied and model.lm_head.weight is not model.token_embeddings.weight:
         fail(f"{what}: lm_head.weight is a copy of the embedding matrix, not the same Parameter",
              "tie them (TransformerLM(..., tie_embeddings=True)): one matrix, read twice, as in the file")
+    ropes = {id(layer.attn.rope) for layer in model.layers}
+    if len(ropes) > 1:
+        fail(f"{what}: the blocks have {len(ropes)} RoPE modules, one each", "TransformerLM shares one set of tables "
+             "between its blocks (the same numbers): compute the tables of that one module once (model_from_state)")
+
+
+def _load(load_gguf: Callable[..., Any], path: str, what: str, **kwargs: Any) -> tuple[nn.Module, Any]:
+    """load_gguf(path, **kwargs) as (model, tokenizer); a crash in load_state_dict named by its classic cause (the
+    key/value heads left out, the tie left out)."""
+    out, error = attempt(what, load_gguf, path, **kwargs)
+    if error is not None:
+        if (cause := load_crash(error)) is not None:
+            fail(*cause, f"on {what}: {type(error).__name__}: {first_line(error)[:160]}")
+        crashed(what, error)
+    return _unpack(out, what)
 
 
 def _check_errors(load_gguf: Callable[..., Any], folder: Path) -> None:
@@ -173,8 +203,11 @@ def check_load_gguf(load_gguf: Callable[..., Any]) -> None:
     architecture or an unsupported tensor type (BF16).
 
     Mistakes it recognises: not a (model, tokenizer) pair; a weight missing, still on the meta device, of the wrong
-    shape, transposed or with other values; RoPE's tables left on the meta device; lm_head not tied, or a copy, or tied
-    in a file that has output.weight; rope_theta or norm_eps not the file's; other token ids; dtype or device ignored;
+    shape, transposed or with other values; a dequantizer's classic mistakes (those its step check names: a scale
+    read as bfloat16 or float32, one scale per row, q / d, the minimum subtracted, ...); RoPE's tables left on the
+    meta device, or one set per block; lm_head not tied, or a copy, or tied in a file that has output.weight; the tie
+    left out of the state dict, or the key/value heads out of the model (load_state_dict's crash, named);
+    rope_theta or norm_eps not the file's; other token ids; dtype or device ignored;
     a missing file without `make weights` in its error; another architecture accepted, refused with another error or
     without its name; a BF16 tensor read as something else, or refused with another error or without its type (reading
     BF16 right passes).
@@ -186,12 +219,12 @@ def check_load_gguf(load_gguf: Callable[..., Any]) -> None:
         write_tiny_gguf(folder / "qwen2.gguf", architecture="qwen2")
         write_tiny_gguf(folder / "bf16.gguf", matrix_type="BF16")
         what = "load_gguf(path of a tiny random llama file)"
-        model, tokenizer = _unpack(call(what, load_gguf, path), what)
+        model, tokenizer = _load(load_gguf, path, what)
         state, metadata = file_state(path)
-        _check_weights(model, state, what, tied=True)
+        _check_weights(model, state, what, tied=True, blocks=file_blocks(path))
         what_untied = "load_gguf(a tiny file with its own output.weight)"
-        untied_model, _ = _unpack(call(what_untied, load_gguf, untied), what_untied)
-        _check_weights(untied_model, file_state(untied)[0], what_untied, tied=False)
+        untied_model, _ = _load(load_gguf, untied, what_untied)
+        _check_weights(untied_model, file_state(untied)[0], what_untied, tied=False, blocks=file_blocks(untied))
         if untied_model.lm_head.weight is untied_model.token_embeddings.weight:
             fail(f"{what_untied}: lm_head is tied to the embedding matrix", "tie only a file without output.weight")
         _check_logits(model, state, what)
@@ -216,7 +249,9 @@ def _check_logits(model: nn.Module, state: dict[str, torch.Tensor], what: str) -
     for key, value, wrong in (("rope_theta", 10000.0, dict(theta=10000.0)), ("norm_eps", 1e-5, dict(eps=1e-5))):
         if torch.allclose(out, reference_logits(state, IDS, **wrong), rtol=1e-4, atol=1e-4):
             fail(f"the model of {what} uses {key} = {value}, TransformerLM's default, not the file's",
-                 "build the model with model_config's arguments: rope_theta and norm_eps from the metadata")
+                 "build the model with model_config's arguments: rope_theta (llama.rope.freq_base) and norm_eps "
+                 "(llama.attention.layer_norm_rms_epsilon) come from the metadata; SmolLM2's eps happens to be the "
+                 "default, this file's is not")
     fail(f"the model of {what} gives other logits than the reference model on the file's weights, by up to "
          f"{(out - expected).abs().max().item():.3g}", "every weight is right: check the model's configuration "
          "(model_config: heads, key/value heads, rope_theta, norm_eps) and RoPE's tables, computed, not loaded")
@@ -239,14 +274,14 @@ def _check_dtype_device(load_gguf: Callable[..., Any], path: str) -> None:
     model, _ = _unpack(call(what, load_gguf, path, dtype=torch.float64), what)
     wrong = [(n, p.dtype) for n, p in model.named_parameters() if p.dtype != torch.float64]
     if wrong:
-        fail(f"{what} gives {wrong[0][0]} in {wrong[0][1]}", "cast the whole model at the end: "
-             "model.to(device=device, dtype=dtype)")
+        fail(f"{what} gives {wrong[0][0]} in {wrong[0][1]}", "dtype is the caller's choice for the whole model: "
+             "cast it once it is built, every weight and table of it")
     what = "load_gguf(path, device='meta')"
     model, _ = _unpack(call(what, load_gguf, path, device="meta"), what)
     wrong = [(n, p.device) for n, p in model.named_parameters() if p.device.type != "meta"]
     if wrong:
-        fail(f"{what} leaves {wrong[0][0]} on {wrong[0][1]}", "move the whole model at the end: "
-             "model.to(device=device, dtype=dtype)")
+        fail(f"{what} leaves {wrong[0][0]} on {wrong[0][1]}", "device is the caller's choice for the whole model: "
+             "move it once it is built, every weight and table of it")
 
 
 # ------------------------------------------------------------------------------------------------------ chat
@@ -329,14 +364,14 @@ def _chat(chat: Callable[..., Any], model: nn.Module, tokenizer: Any, messages: 
 def _check_cache_use(calls: list[tuple[int, bool]], what: str) -> None:
     """The model's calls of one chat, (ids, cache given): the prompt once, then one new id a call, with the caches."""
     if len(calls) > 1 and not any(cached for _, cached in calls):
-        fail(f"{what} runs the model without a cache: each step computes the whole text again", "make one KVCache "
-             "per block (KVCache.for_model(model), or sized for prompt + reply), pass it as model(ids, cache=...), "
-             "and after the prompt feed the newest id alone")
+        fail(f"{what} runs the model without a cache: each step computes the whole text again", "decode with "
+             "notebook 10's generate, whose KV caches keep every earlier key and value, so that after the prompt "
+             "each step runs the newest token alone")
     again = [(step, n) for step, (n, cached) in enumerate(calls, 1) if step > 1 and cached and n > 1]
     if again:
         fail(f"{what} feeds the model {again[0][1]} ids at step {again[0][0]}, the whole text again, though its cache "
-             "holds all but the newest", "after the prompt, call the model on the new id alone "
-             "(torch.tensor([[next_id]])): the cache holds every earlier key and value")
+             "holds all but the newest", "the cache already holds the keys and values of every earlier token: after "
+             "the prompt, each step needs only the newest token (as notebook 10's generate does)")
 
 
 def check_chat(chat: Callable[..., Any]) -> None:
@@ -401,12 +436,18 @@ def _check_script(chat: Callable[..., Any], model: TransformerLM, tokenizer: Tok
         if out.startswith(SCRIPT):
             fail(f"{what} returned {short(out)}: it does not stop at <|im_end|>", "stop as soon as the model picks "
                  "<|im_end|>'s id (tokenizer.special_ids['<|im_end|>']): the assistant's turn is over")
-        fail(f"{what} returned {out!r}, not {SCRIPT!r}", "decode the reply's ids with tokenizer.decode")
+        split = "".join(tokenizer.decode([i]) for i in script)
+        if out == split or "\ufffd" in out:
+            fail(f"{what} returned {out!r}: the reply is decoded token by token, and a character split across tokens "
+                 "becomes U+FFFD", "€ and é are several bytes of UTF-8, each its own token here: decode the reply's "
+                 "bytes together, or incrementally, never one token's bytes alone")
+        fail(f"{what} returned {out!r}, not {SCRIPT!r}", "the reply is the text of the ids picked before <|im_end|>, "
+             "their bytes decoded together")
     if "".join(pieces) != out:
         if any("\ufffd" in piece for piece in pieces):
-            fail("on_token receives part of a character (U+FFFD): € and é are several bytes, each its own token "
-                 "here",
-                 "hold a character's first bytes until it is whole, then pass it on (an incremental UTF-8 decoder)",
+            fail("on_token receives part of a character (U+FFFD): € and é are several bytes of UTF-8, each its own "
+                 "token here, so a token's bytes alone are not always text",
+                 "decode the bytes incrementally: hold a character's first bytes until it is whole, then pass it on",
                  f"on {what}: pieces {short(pieces)}")
         fail(f"on_token's pieces do not join to the reply ({short(pieces)} for {out!r})", "call on_token with the "
              "text of each new token as it is decoded, and nothing else")
@@ -434,8 +475,9 @@ def _check_sampling(chat: Callable[..., Any], model: TransformerLM, tokenizer: T
                              seed=seed))
     if replies[0] != replies[1]:
         fail(f"two replies with seed=0 differ ({replies[0]!r}, {replies[1]!r}): the seed is not used",
-             "draw the tokens with a torch.Generator seeded with `seed` (torch.multinomial(..., generator=...)), so "
-             "that the same seed gives the same reply")
+             "a sample is repeatable only when its random numbers come from a generator seeded with `seed`, of "
+             "its own (not the global one): hand that generator to the draws, so that the same seed gives the "
+             "same reply")
     if all(reply == greedy[:len(reply)] or greedy.startswith(reply) for reply in replies):
         fail(f"with temperature=1.5 the replies are the greedy one ({greedy!r}): temperature is ignored",
              "at temperature > 0 sample the next token from softmax(logits / temperature) (next_token_distribution), "

@@ -1,6 +1,7 @@
 """Self-checks for the steps of notebook 14 (a real model from a GGUF file): the model's configuration from the file's
-metadata, dequantizing Q8_0 and Q4_1 blocks, the tensors' names in TransformerLM's state dict, the tokenizer from the
-metadata, and the ChatML prompt.
+metadata, dequantizing Q8_0 and Q4_1 blocks, the tensors' names in TransformerLM's state dict, the state dict from the
+file's tensors, the tie, the model built on the meta device with its RoPE tables, the tokenizer from the metadata, and
+the ChatML prompt (and exercise 1's last question, times_smaller).
 
 Each compares the learner's function with an independent answer (llama.cpp's own ``gguf.quants`` for the blocks, the
 file's Jinja template rendered by ``jinja2`` for the prompt, tables written out here for the rest) on small made-up
@@ -17,7 +18,8 @@ import gguf
 import numpy as np
 import torch
 
-from ...tokenizer import GPT2_PATTERN, Tokenizer, bytes_to_unicode
+from ...tokenizer import GPT2_PATTERN, bytes_to_unicode
+from .._fixtures import reference_tokenizer as _reference_tokenizer
 from .._harness import attempt, call, crashed, describe, expect_tensor, fail, first_line, passed, refuses
 from ..tokenizer import short
 
@@ -161,6 +163,16 @@ def _f16(two_bytes: torch.Tensor) -> torch.Tensor:
     return two_bytes.contiguous().view(torch.float16).float()
 
 
+def _as(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return raw.contiguous().view(dtype).float()
+
+
+def _per_row(scale: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Each row's first block's scale for every block of that row: one scale per row, (blocks, 1) as the scales."""
+    rows = scale.reshape(*blocks.shape[:-1], -1) if blocks.dim() > 1 else scale.reshape(1, -1)
+    return rows[..., :1].expand_as(rows).reshape(-1, 1)
+
+
 def q8_0_variant(blocks: torch.Tensor, mistake: str | None = None) -> torch.Tensor:
     """Q8_0 dequantized (d·q) with a named mistake."""
     b = blocks.reshape(-1, 34)
@@ -175,7 +187,14 @@ def q8_0_variant(blocks: torch.Tensor, mistake: str | None = None) -> torch.Tens
         d, q = _f16(b[:, 32:]), b[:, :32].contiguous().view(torch.int8).float()
     elif mistake == "one_scale":
         d = d[:1].expand_as(d)
-    return (d * q).reshape(*blocks.shape[:-1], -1)
+    elif mistake == "row_scale":
+        d = _per_row(d, blocks)
+    elif mistake == "scale_bf16":
+        d = _as(b[:, :2], torch.bfloat16)
+    elif mistake == "scale_fp32":
+        d = _as(b[:, :4], torch.float32)
+    out = q / d if mistake == "divided" else d * q
+    return out.reshape(*blocks.shape[:-1], -1)
 
 
 def q4_1_variant(blocks: torch.Tensor, mistake: str | None = None) -> torch.Tensor:
@@ -198,15 +217,29 @@ def q4_1_variant(blocks: torch.Tensor, mistake: str | None = None) -> torch.Tens
         d, m = m, d
     elif mistake == "one_scale":
         d, m = d[:1].expand_as(d), m[:1].expand_as(m)
+    elif mistake == "row_scale":
+        d, m = _per_row(d, blocks), _per_row(m, blocks)
+    elif mistake == "scale_bf16":
+        d, m = _as(b[:, 0:2], torch.bfloat16), _as(b[:, 2:4], torch.bfloat16)
+    elif mistake == "scale_fp32":
+        d = _as(b[:, 0:4], torch.float32)
     q = q.float()
     if mistake == "offset":
         q = q - 8
-    out = {"no_min": d * q, "min_multiplied": d * q * m}.get(mistake, d * q + m)
+    out = {"no_min": d * q, "min_multiplied": d * q * m, "min_subtracted": d * q - m,
+           "divided": q / d + m}.get(mistake, d * q + m)
     return out.reshape(*blocks.shape[:-1], -1)
 
 
 _SCALE_INT = ("the scale is read as an integer: its two bytes are a float16 (sign, exponent, mantissa)",
               "view the two bytes as torch.float16 (then .float()), not as an integer")
+_BF16 = ("the scale is read as bfloat16: GGUF stores it as float16 (IEEE half precision)",
+         "the same 16 bits split otherwise: float16 has 5 exponent bits and 10 of mantissa, bfloat16 8 and 7; view "
+         "the two bytes as torch.float16")
+_FP32 = ("the scale is read as a float32 from 4 bytes: it is a float16, 2 bytes",
+         "a block starts with a 2-byte float16 scale, and the bytes after it are already the block's values")
+_DIVIDED = ("the weights are q / d: the scale multiplies", "quantizing divided each weight by d and rounded it to q, "
+            "so d·q undoes it")
 _BIG_ENDIAN = ("the scale's two bytes are read in the wrong order", "GGUF is little-endian: the low byte comes first, "
                "exactly what .view(torch.float16) on the two bytes reads")
 Q8_0_MISTAKES = {
@@ -218,6 +251,11 @@ Q8_0_MISTAKES = {
                      "0–1) then the 32 int8 values q (bytes 2–33)"),
     "one_scale": ("every block uses the first block's scale", "each 34-byte block has its own scale d: reshape to "
                   "(-1, 34) and take the scale of every row"),
+    "row_scale": ("each row uses one scale, its first block's: every block of 32 weights has its own",
+                  "a row of the matrix holds several blocks: cut it into blocks of 34 bytes and take each one's scale"),
+    "scale_bf16": _BF16,
+    "scale_fp32": _FP32,
+    "divided": _DIVIDED,
 }
 Q4_1_MISTAKES = {
     "interleaved": ("the nibbles are interleaved (low, high, low, high, …)", "byte j's low nibble is weight j and "
@@ -238,7 +276,32 @@ Q4_1_MISTAKES = {
     "big_endian": _BIG_ENDIAN,
     "one_scale": ("every block uses the first block's scale and minimum", "each 20-byte block has its own d and m: "
                   "reshape to (-1, 20) and take them from every row"),
+    "row_scale": ("each row uses one scale and minimum, its first block's: every block of 32 weights has its own",
+                  "a row of the matrix holds several blocks: cut it into blocks of 20 bytes and take each one's d "
+                  "and m"),
+    "min_subtracted": ("the minimum m is subtracted, not added", "m is the block's smallest weight, where q = 0 "
+                       "lands: each weight is d·q + m"),
+    "scale_bf16": _BF16,
+    "scale_fp32": _FP32,
+    "divided": _DIVIDED,
 }
+
+DEQUANTIZERS = {"Q8_0": (q8_0_variant, Q8_0_MISTAKES), "Q4_1": (q4_1_variant, Q4_1_MISTAKES)}
+
+
+def named_dequantization_mistake(out: torch.Tensor, blocks: torch.Tensor, expected: torch.Tensor,
+                                 kind: str) -> tuple[str, str] | None:
+    """The classic mistake (message, fix) whose result ``out`` matches, for blocks of type ``kind`` whose right
+    values are ``expected``; None if none does. Shared by the steps' checks and check_load_gguf."""
+    variant, mistakes = DEQUANTIZERS[kind]
+    out, expected = out.detach().cpu().double().flatten(), expected.double().flatten()
+    for mistake, (message, fix) in mistakes.items():
+        wrong = variant(blocks, mistake).double().flatten()
+        if wrong.shape == out.shape and \
+                not torch.allclose(wrong, expected, rtol=1e-6, atol=1e-6, equal_nan=True) and \
+                torch.allclose(out, wrong, rtol=1e-6, atol=1e-6, equal_nan=True):
+            return message, fix
+    return None
 
 
 def _blocks_of(shape: tuple[int, ...], kind: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,11 +346,8 @@ def _check_dequantize(fn: Callable[[torch.Tensor], torch.Tensor], kind: str, blo
                  f"bytes give 32 weights: (*rows, nbytes) -> (*rows, nbytes // {block} * 32)")
         if torch.allclose(out, expected, rtol=1e-6, atol=1e-6):
             continue
-        for mistake, (message, fix) in mistakes.items():
-            wrong = variant(blocks, mistake)
-            if not torch.allclose(wrong, expected, rtol=1e-6, atol=1e-6, equal_nan=True) and \
-                    torch.allclose(out, wrong, rtol=1e-6, atol=1e-6, equal_nan=True):
-                fail(message, fix, f"on {what}: yours matches that mistake")
+        if (named := named_dequantization_mistake(out, blocks, expected, kind)) is not None:
+            fail(*named, f"on {what}: yours matches that mistake")
         worst = (out - expected).abs().nan_to_num(nan=float("inf")).max().item()
         fail(f"{what} differs from llama.cpp's dequantization by up to {worst:.3g}", f"each block of {block} bytes is "
              f"{layout}", _first_wrong_weights(out, expected))
@@ -309,9 +369,9 @@ def check_dequantize_q8_0(dequantize_q8_0: Callable[[torch.Tensor], torch.Tensor
     then 32 int8 q, to the float32 weights d·q, (*rows, nbytes // 34 * 32); against gguf.quants (llama.cpp's code) on
     random rows of one to several blocks, and a lone block.
 
-    Mistakes it recognises: q read as unsigned; the scale read as an integer, with its bytes swapped, or from the end
-    of the block; one scale for every block; a whole row read as one block; the rows lost (a flat result); float16
-    (or another dtype) out.
+    Mistakes it recognises: q read as unsigned; the scale read as an integer, as bfloat16, as a float32 of 4 bytes,
+    with its bytes swapped, or from the end of the block; one scale for every block, or one per row; q / d for d·q;
+    a whole row read as one block; the rows lost (a flat result); float16 (or another dtype) out.
     """
     _check_dequantize(dequantize_q8_0, "Q8_0", 34, 2, q8_0_variant, Q8_0_MISTAKES,
                       "a float16 scale d (bytes 0–1) then 32 int8 values q: weights d·q")
@@ -325,8 +385,9 @@ def check_dequantize_q4_1(dequantize_q4_1: Callable[[torch.Tensor], torch.Tensor
     (*rows, nbytes // 20 * 32); against gguf.quants (llama.cpp's code).
 
     Mistakes it recognises: the nibbles interleaved; high and low swapped; the high ones not shifted; the minimum
-    forgotten or multiplied; d and m swapped; q shifted by 8 (Q4_0's offset); the scales read as integers or with
-    their bytes swapped; one scale for every block; a whole row read as one block; the rows lost; float16 (or another
+    forgotten, multiplied or subtracted; d and m swapped; q shifted by 8 (Q4_0's offset); q / d for d·q; the scales
+    read as integers, as bfloat16, as a float32 of 4 bytes, or with their bytes swapped; one scale for every block, or
+    one per row; a whole row read as one block; the rows lost; float16 (or another
     dtype) out.
     """
     _check_dequantize(dequantize_q4_1, "Q4_1", 20, 4, q4_1_variant, Q4_1_MISTAKES,
@@ -418,7 +479,6 @@ def check_our_name(our_name: Callable[[str], str]) -> None:
 # Step 4 · the tokenizer from the metadata
 # ---------------------------------------------------------------------------------------------------------
 
-SMOLLM_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""
 _MERGES = [(b" ", b"t"), (b"h", b"e"), (b" t", b"he"), (b"\xc3", b"\xa9"), (b"c", b"a"), (b"ca", b"f"),
            (b"caf", b"\xc3\xa9"), (b"i", b"m"), (b"<", b"|"), (b"2", b"0"), (b" ", b"2"), (b"e", b"r"), (b"us", b"er"),
            (b"u", b"s"), (b"\xe2\x82", b"\xac")]
@@ -443,16 +503,6 @@ def fake_tokenizer_metadata(seed: int = 0, pre: str = "smollm") -> dict:
             "tokenizer.ggml.merges": [f"{as_chars(a)} {as_chars(b)}" for a, b in _MERGES],
             "tokenizer.chat_template": "{% for message in messages %}{{ message['content'] }}{% endfor %}"}
 
-
-def _reference_tokenizer(metadata: dict, pattern: str = SMOLLM_PATTERN) -> Tokenizer:
-    byte_of = {c: b for b, c in bytes_to_unicode().items()}
-    tokens, types = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.token_type"]
-    vocab = {i: t.encode("utf-8") if kind == 3 else bytes(byte_of[c] for c in t)
-             for i, (t, kind) in enumerate(zip(tokens, types))}
-    merges = [tuple(bytes(byte_of[c] for c in part) for part in line.split(" "))
-              for line in metadata["tokenizer.ggml.merges"]]
-    special = [t for t, kind in zip(tokens, types) if kind == 3]
-    return Tokenizer(vocab, merges, special, pattern=pattern)
 
 
 def check_tokenizer_from_gguf(tokenizer_from_gguf: Callable[[dict], Any]) -> None:
@@ -656,3 +706,241 @@ def check_chat_prompt(chat_prompt: Callable[..., str]) -> None:
             "nothing to reply to", "check the list first and raise ValueError when it is empty", shown=short)
     passed("chat_prompt: ChatML as SmolLM2's template writes it (newline after each <|im_end|>, the system message "
            "only where needed, <|im_start|>assistant\\n to end); ValueError for no messages")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Steps 5 to 7 · the model from the file's tensors: the state dict, the tie, the model without a random start
+# ---------------------------------------------------------------------------------------------------------
+
+_GQA = ("the model has as many key/value heads as query heads: grouped-query attention is ignored",
+        "the file's k_proj and v_proj have num_kv_heads·d_k rows, fewer than q_proj's: build the TransformerLM with "
+        "num_kv_heads from the metadata (all of model_config's arguments)")
+_NO_HEAD = ("the state dict has no lm_head.weight: a file without output.weight ties its output layer to the "
+            "embedding matrix", "the model still has an output layer: give lm_head.weight the embedding's tensor "
+            "(the tie) before loading, and build the model tied (model_config's tie_embeddings)")
+
+
+def load_crash(error: BaseException) -> tuple[str, str] | None:
+    """The classic cause of a crash in load_state_dict of a file's tensors, as (mistake, fix): k_proj's shape (the
+    key/value heads left out) or lm_head.weight missing (no tie); None for any other error."""
+    text = str(error)
+    if "size mismatch" in text and ("k_proj" in text or "v_proj" in text):
+        return _GQA
+    if "Missing key" in text and "lm_head.weight" in text:
+        return _NO_HEAD
+    return None
+
+
+def _tiny_file(folder: str, **kwargs: Any) -> tuple[gguf.GGUFReader, dict]:
+    from .._tiny_gguf import write_tiny_gguf
+    reader = gguf.GGUFReader(write_tiny_gguf(f"{folder}/tiny.gguf", **kwargs))
+    return reader, {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
+
+
+def check_state_dict_from(state_dict_from: Callable[[list], dict]) -> None:
+    """Check ``state_dict_from(tensors)``: a tiny llama file's tensors (reader.tensors: Q8_0, Q4_1, F32) as a dict
+    from TransformerLM's names to float32 tensors in PyTorch's shape, the values llama.cpp's gguf.quants gives.
+
+    Mistakes it recognises: not a dict; GGUF's names kept; a tensor left out; lm_head.weight added though the file
+    has none (the tie is the next step); the ggml shape kept or the values transposed; other values; not float32.
+    """
+    import tempfile
+
+    from ..pretrained import file_state
+    with tempfile.TemporaryDirectory() as folder:
+        reader, _ = _tiny_file(folder)
+        expected = file_state(reader.data.filename)[0]
+        del expected["lm_head.weight"]  # the file has no output.weight
+        what = "state_dict_from(reader.tensors) of a tiny llama file"
+        out = call(what, state_dict_from, reader.tensors)
+        gguf_names = {t.name for t in reader.tensors}
+        ggml_shapes = {t.name: tuple(int(n) for n in t.shape) for t in reader.tensors}
+    if not isinstance(out, dict):
+        fail(f"{what} returned {describe(out)}, not a dict", "return a dict from each tensor's name in the model to "
+             "its values")
+    if set(out) & gguf_names:
+        fail(f"{what} keeps GGUF's names ({sorted(set(out) & gguf_names)[0]!r})", "the model loads its own names: "
+             "rename each tensor (your our_name)")
+    missing = sorted(set(expected) - set(out))
+    if missing:
+        fail(f"{what} has no {missing[0]}", "one entry per tensor of the file: every tensor is a weight of the model")
+    if "lm_head.weight" in out:
+        fail(f"{what} holds lm_head.weight, though the file has no output.weight", "keep to the file's tensors here: "
+             "the tie, which gives the output layer the embedding matrix, is the next step")
+    extra = sorted(set(out) - set(expected))
+    if extra:
+        fail(f"{what} holds {extra[0]}, which is not a tensor of the file", "one entry per tensor of the file")
+    by_ours = {_course_name(name): name for name in gguf_names}
+    for name, want in expected.items():
+        got = out[name]
+        if not isinstance(got, torch.Tensor):
+            fail(f"{what}[{name!r}] is {describe(got)}, not a tensor", "give each name the tensor's values")
+        if got.dim() == 2 and tuple(got.shape) == ggml_shapes[by_ours[name]] != tuple(want.shape):
+            fail(f"{what}[{name!r}] has ggml's shape {tuple(got.shape)}, expected {tuple(want.shape)}", "ggml lists "
+                 "the fastest axis first: reverse the shape to get PyTorch's (d_out, d_in) (weights_of does)")
+        if tuple(got.shape) != tuple(want.shape):
+            fail(f"{what}[{name!r}] has shape {tuple(got.shape)}, expected {tuple(want.shape)}", "reverse ggml's "
+                 "shape: PyTorch's (d_out, d_in)")
+        if got.dtype != torch.float32:
+            fail(f"{what}[{name!r}] is {got.dtype}, not float32", "dequantize every tensor to float32 (weights_of)")
+        values = got.detach().to("cpu", torch.float64)
+        if torch.allclose(values, want, rtol=1e-6, atol=1e-6):
+            continue
+        if want.dim() == 2 and torch.allclose(values, want.reshape(want.shape[::-1]).T, rtol=1e-6, atol=1e-6):
+            fail(f"{what}[{name!r}] holds the file's numbers transposed", "ggml's shape lists the fastest axis "
+                 "first: reshape the values to the reversed shape, and do not transpose them")
+        fail(f"{what}[{name!r}] differs from the file's dequantized values by up to "
+             f"{(values - want).abs().max().item():.3g}", "give each name its own tensor, dequantized by its type "
+             "(weights_of, with your dequantizers)")
+    passed("state_dict_from: every tensor of the file under the model's name, float32, in PyTorch's shape, the "
+           "values llama.cpp's gguf.quants gives")
+
+
+def _course_name(gguf_name: str) -> str:
+    parts = gguf_name.split(".")
+    if parts[0] == "blk":
+        return f"layers.{parts[1]}.{BLOCK_NAMES[parts[2]]}.weight"
+    return TOP_NAMES[gguf_name]
+
+
+def check_with_tied_head(with_tied_head: Callable[[dict, bool], dict]) -> None:
+    """Check ``with_tied_head(state, tied)``: with tied=True, the state dict with lm_head.weight the embedding's tensor
+    itself (the same object); with tied=False (the file has its own output.weight), the state as it was.
+
+    Mistakes it recognises: not a dict; lm_head.weight missing; a copy of the embedding's tensor, or another tensor;
+    the file's own output layer replaced by the embedding; a weight lost on the way.
+    """
+    torch_state = {"token_embeddings.weight": torch.randn(11, 4, generator=torch.Generator().manual_seed(0)),
+                   "ln_final.weight": torch.ones(4)}
+    what = "with_tied_head(state without lm_head.weight, tied=True)"
+    out = call(what, with_tied_head, dict(torch_state), True)
+    if not isinstance(out, dict):
+        fail(f"{what} returned {describe(out)}, not the state dict", "return the state dict, with lm_head.weight")
+    embedding = torch_state["token_embeddings.weight"]
+    if "lm_head.weight" not in out:
+        fail(f"{what} has no lm_head.weight", _NO_HEAD[0].split(": ", 1)[1] + ": give lm_head.weight the "
+             "embedding's tensor, so that the model loads it under both names")
+    head = out["lm_head.weight"]
+    if head is not embedding:
+        if isinstance(head, torch.Tensor) and head.shape == embedding.shape and torch.equal(head, embedding):
+            fail(f"{what} gives lm_head.weight a copy of the embedding matrix", "tied means one matrix, read twice: "
+                 "give lm_head.weight the embedding's tensor itself, no second copy in memory")
+        fail(f"{what} gives lm_head.weight {describe(head)}, not the embedding's tensor", "the output layer of a "
+             "tied model is the embedding matrix: the same tensor under the name lm_head.weight")
+    lost = sorted(set(torch_state) - set(out))
+    if lost:
+        fail(f"{what} loses {lost[0]}", "keep every weight of the state dict, and add lm_head.weight")
+    own = torch.randn(11, 4, generator=torch.Generator().manual_seed(1))
+    what = "with_tied_head(state with the file's own lm_head.weight, tied=False)"
+    out = call(what, with_tied_head, {**torch_state, "lm_head.weight": own}, False)
+    if not isinstance(out, dict) or out.get("lm_head.weight") is not own:
+        if isinstance(out, dict) and out.get("lm_head.weight") is embedding:
+            fail(f"{what} replaces the file's output layer with the embedding matrix", "tie only when the file has "
+                 "no output.weight (tied=False: the state as it is)")
+        fail(f"{what} returned {describe(out)}, not the state with the file's own lm_head.weight", "with tied=False, "
+             "return the state as it is")
+    passed("with_tied_head: lm_head.weight the embedding's tensor itself when tied, the file's own otherwise")
+
+
+def check_model_from_state(model_from_state: Callable[..., Any]) -> None:
+    """Check ``model_from_state(config, state)``: a TransformerLM of a tiny llama file's configuration (grouped-query
+    attention, tied embeddings, norm_eps 1e-6) whose parameters are the state dict's tensors themselves, its one set
+    of RoPE tables computed (shared by every block), its logits those of the course's reference on the same numbers.
+
+    Mistakes it recognises: not a model; the key/value heads left out (load_state_dict's size mismatch); the tie
+    left out; the weights still on the meta device (loaded without assign=True, or not at all); copies of the
+    tensors (a model built with its own random initialisation first); RoPE's tables left on the meta device, or
+    computed once per block; norm_eps or rope_theta not the file's.
+    """
+    import tempfile
+
+    from torch import nn
+
+    from ..pretrained import IDS, file_state, reference_logits
+    from ...pretrained import model_config
+    with tempfile.TemporaryDirectory() as folder:
+        reader, metadata = _tiny_file(folder)
+        config = model_config(metadata, [t.name for t in reader.tensors])
+        expected = file_state(reader.data.filename)[0]
+    state = {name: value.float() for name, value in expected.items()}
+    state["lm_head.weight"] = state["token_embeddings.weight"]
+    what = "model_from_state(config, state) of a tiny llama file"
+    out, error = attempt(what, model_from_state, dict(config), dict(state))
+    if error is not None:
+        if (cause := load_crash(error)) is not None:
+            fail(*cause, f"on {what}: {type(error).__name__}: {first_line(error)[:160]}")
+        crashed(what, error)
+    if not isinstance(out, nn.Module):
+        fail(f"{what} returned {describe(out)}, not a TransformerLM", "return the model")
+    params = dict(out.named_parameters())
+    on_meta = [name for name, p in params.items() if p.is_meta]
+    if on_meta:
+        fail(f"{what}: {on_meta[0]} is still on the meta device, with no numbers", "a meta tensor has no memory to "
+             "copy into: load the state dict with load_state_dict(state, assign=True), which makes its tensors the "
+             "parameters")
+    attn = getattr(getattr(out, "layers", [None])[0], "attn", None)
+    if attn is not None and getattr(attn, "num_kv_heads", None) != config["num_kv_heads"]:
+        fail(*_GQA)
+    if out.lm_head.weight is not out.token_embeddings.weight:
+        fail(f"{what}: lm_head and the embedding are two matrices, though the file ties them", "build the model with "
+             "tie_embeddings=True (model_config's): one Parameter, read twice")
+    if out.token_embeddings.weight.data_ptr() != state["token_embeddings.weight"].data_ptr():
+        fail(f"{what}: the parameters are copies of the state dict's tensors", "build the model on the meta device "
+             "(shapes, no memory, no random initialisation to throw away), then load_state_dict(state, "
+             "assign=True): the file's tensors become the parameters, no second copy")
+    ropes = {id(layer.attn.rope) for layer in out.layers}
+    buffers = [name for name, b in out.named_buffers() if b.is_meta]
+    if buffers:
+        fail(f"{what}: {buffers[0]} (RoPE's table) is still on the meta device, with no numbers", "no file holds "
+             "RoPE's tables (they are computed, not learnt): compute them for the model's shared "
+             "RotaryPositionalEmbedding, with its own theta, d_k and max_seq_len")
+    if len(ropes) > 1:
+        fail(f"{what}: the blocks have {len(ropes)} RoPE modules, one each", "TransformerLM shares one set of tables "
+             "between its blocks (the same numbers): compute the tables of that one module, "
+             "model.layers[0].attn.rope, once")
+    eps = {layer.ln1.eps for layer in out.layers} | {out.ln_final.eps}
+    if eps != {config["norm_eps"]}:
+        fail(f"{what}: the norms use eps = {sorted(eps)[0]}, not the file's {config['norm_eps']}", "build the model "
+             "with norm_eps from the metadata (llama.attention.layer_norm_rms_epsilon, model_config's)")
+    with torch.no_grad():
+        logits = call(f"the model of {what}, on 12 token ids", out, IDS.clone())
+    want = reference_logits(expected, IDS)  # float64, from the same numbers
+    if not isinstance(logits, torch.Tensor) or logits.shape != want.shape or \
+            not torch.allclose(logits.double(), want, rtol=1e-4, atol=1e-4):
+        fail(f"the model of {what} gives other logits than the reference model on the same weights", "build it with "
+             "all of model_config's arguments, and compute RoPE's tables with the model's own rope_theta")
+    passed("model_from_state: the state dict's tensors are the parameters (no copy, no random start), key/value heads, "
+           "norm_eps and the tie the file's, one set of RoPE tables computed for every block, the reference's logits")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Exercise 1's last question · how many times smaller the Q4_1 matrices are than float32
+# ---------------------------------------------------------------------------------------------------------
+
+def check_times_smaller(times_smaller: Any) -> None:
+    """Check ``times_smaller``: float32's 32 bits a weight over Q4_1's 5 (its 4 bits and its share of a block's d and
+    m), 6.4, to 1 %.
+
+    Mistakes it recognises: not a number; 8 (the 4 bits alone, without the block's d and m); the ratio inverted; the
+    whole file's ratio (5.5, its embedding being Q8_0); float16's 16 bits in place of float32's 32.
+    """
+    if isinstance(times_smaller, bool) or not isinstance(times_smaller, (int, float)) and not (
+            isinstance(times_smaller, torch.Tensor) and times_smaller.numel() == 1):
+        fail(f"times_smaller is {describe(times_smaller)}, not a number", "write the ratio as a Python number")
+    value = float(times_smaller)
+    right = 32 / ((2 + 2 + 16) * 8 / 32)
+    near = lambda x: abs(value - x) <= 0.01 * abs(x)
+    if near(right):
+        passed(f"times_smaller: {right:g}, float32's 32 bits over Q4_1's 5 a weight")
+        return
+    for wrong, mistake, fix in (
+            (8.0, "times_smaller counts 4 bits a weight: the block's d and m are left out", "each block of 32 weights "
+             "also stores its float16 d and m, 32 bits more: a share of 1 bit a weight"),
+            (1 / right, "times_smaller is the ratio upside down", "float32's bits over Q4_1's: more than 1"),
+            (5.47, "times_smaller is the whole file's ratio", "the question is about the Q4_1 matrices alone: the "
+             "file's embedding matrix is Q8_0, which makes the file as a whole less small"),
+            (right / 2, "times_smaller compares with float16's 16 bits", "the same weights in float32 take 32 bits")):
+        if near(wrong):
+            fail(mistake, fix)
+    fail(f"times_smaller is {value:g}, not float32's bits over Q4_1's", "divide the 32 bits of a float32 by Q4_1's "
+         "bits a weight (your bits_q4_1)")
