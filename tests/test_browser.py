@@ -56,11 +56,7 @@ TOP_THIRD_PX = 240  # a lecture slide whose content ends above it uses a third o
 NEAR_EMPTY_PX = 110  # a slide whose content (headings aside) is shorter, with no figure or code, is a leftover
 # Lecture slides (by heading, as MEASURE_SLIDES names them) allowed to end in the top third: a ratchet (issue 39).
 KNOWN_TOP_THIRD: dict[str, set[str]] = {
-    "08": {"Every shape, in one picture", "What grouped-query attention saves (continued)"},
-    "09": {"Pre-norm and post-norm through a deep stack of fre", "Training both wirings: learning rate and warm-up",
-           "Causality through the block"},
     "10": {"Recap and next (continued)"},
-    "13": {"Bytes per token against vocabulary size (continued"},
     "14": {"Recap and next (continued)"},
 }
 SILENT_SLIDES = """Array.from(document.querySelectorAll('.reveal .slides section'))

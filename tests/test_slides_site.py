@@ -800,13 +800,8 @@ def test_every_notebook_draws_in_the_course_style(notebook):
 # the fix belongs in a notebook this change could not touch, the slide is named below: a ratchet. A new case fails;
 # so does a listed one that is gone (then delete its line).
 KNOWN_ROOM_PROBLEMS: dict[str, set[str]] = {
-    "08_multihead_attention": {"words: See it", "words: Recap and next"},
-    "09_transformer_block": {"words: Pre-norm and post-norm through a deep stack of fresh blocks",
-                             "words: Training both wirings: learning rate and warm-up"},
     "10_transformer_lm": {"a list split across slides: It learns: a few hundred steps of AdamW on the fables",
                           "words: It learns: a few hundred steps of AdamW on the fables"},
-    "12_kv_cache": {"a list split across slides: The maths"},
-    "13_tokenizer": {"words: Why a tokenizer?", "words: Recap and next"},
 }
 
 
@@ -925,8 +920,8 @@ def test_a_self_check_that_states_its_answer_is_left_out():
 
 # The notebooks whose lecturer's notes are written (issue 39): each ## section of the lecture opens with one, in
 # metadata.lecturer (JupyterLab shows a learner none of it), and the deck makes it the slide's speaker note.
-LECTURER_NOTEBOOKS = ("01_linear", "02_embedding", "03_softmax", "04_rmsnorm", "05_attention", "07_swiglu",
-                      "11_training")
+LECTURER_NOTEBOOKS = ("01_linear", "02_embedding", "03_softmax", "04_rmsnorm", "05_attention", "06_rope", "07_swiglu",
+                      "08_multihead_attention", "09_transformer_block", "11_training", "12_kv_cache", "13_tokenizer")
 
 
 @pytest.mark.parametrize("stem", LECTURER_NOTEBOOKS)
