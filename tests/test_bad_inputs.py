@@ -384,7 +384,7 @@ CASES = [
     case("KVCache-size-0", lambda: KVCache(1, 0, 8, 4),
          Raises(ValueError, "every size must be >= 1", "num_kv_heads=0")),
     case("KVCache-update-past-max-len", lambda: KVCache(1, 2, 3, 4).update(randn(1, 2, 4, 4), randn(1, 2, 4, 4)),
-         Raises(ValueError, "4 new positions do not fit", "max_len=3")),
+         Raises(ValueError, "4 new positions do not fit", "max_seq_len=3")),
     case("KVCache-update-wrong-heads", lambda: KVCache(1, 2, 3, 4).update(randn(1, 3, 1, 4), randn(1, 3, 1, 4)),
          Raises(ValueError, "(1, 2, new, 4)", "got k (1, 3, 1, 4)")),
     case("MultiHeadSelfAttention-cache-of-the-query-heads",

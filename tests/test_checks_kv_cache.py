@@ -16,8 +16,8 @@ from mutants import Catalogue
 class Grown(KVCache):
     """Starts empty and grows with torch.cat: not preallocated."""
 
-    def __init__(self, batch, num_kv_heads, max_len, d_k, *, device=None, dtype=None):
-        super().__init__(batch, num_kv_heads, max_len, d_k, device=device, dtype=dtype)
+    def __init__(self, batch, num_kv_heads, max_seq_len, d_k, *, device=None, dtype=None):
+        super().__init__(batch, num_kv_heads, max_seq_len, d_k, device=device, dtype=dtype)
         self.keys, self.values = self.keys[:, :, :0], self.values[:, :, :0]
 
 
@@ -71,6 +71,14 @@ class QueryHeads(KVCache):
                     dtype=weight.dtype) for block in model.layers]
 
 
+class WholeContext(KVCache):
+    """for_model that always takes the whole context, whatever max_seq_len asks."""
+
+    @classmethod
+    def for_model(cls, model, batch=1, max_seq_len=None):
+        return super().for_model(model, batch)
+
+
 CACHE_MUTANTS = [
     (Grown, "preallocate"),
     (Copies, "returns a copy"),
@@ -80,6 +88,7 @@ CACHE_MUTANTS = [
     (KeysOnlyBytes, "nbytes"),
     (NoReset, "reset()"),
     (QueryHeads, "for a model whose attention has 2 key/value heads"),
+    (WholeContext, "max_seq_len is ignored"),
 ]
 
 
@@ -169,7 +178,7 @@ def test_before_notebook_12_the_cache_part_waits(capsys):
     """The student edition's notebook 10: its _new_cache finds notebook 12's KVCache still a stub and returns None."""
     from transformer_from_scratch import transformer_lm
 
-    def stub_new_cache(model):
+    def stub_new_cache(model, max_seq_len):
         return None
 
     original = transformer_lm._new_cache

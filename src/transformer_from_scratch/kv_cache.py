@@ -1,46 +1,53 @@
 # Generated from notebooks/12_kv_cache.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: a93a43af10c6f9993fdb2b61dcf31e239d2727a6a0157fdfb367f8a28659412e
+# body-sha256: ffb235be314fa2740d53d109b3cabe3964d0be872101c588cfc6b7363c157c04
 
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
 
+def _check_positions_wanted(max_seq_len: int | None, context_length: int) -> None:
+    """KVCache.for_model's check: max_seq_len is None (the whole context) or in [1, context_length]."""
+    if max_seq_len is not None and not 1 <= max_seq_len <= context_length:
+        raise ValueError(f"KVCache.for_model: max_seq_len must be in [1, context_length={context_length}], got "
+                         f"{max_seq_len}")
+
+
 def _check_update(keys: Tensor, length: int, k: Tensor, v: Tensor) -> None:
     """KVCache.update's checks: k and v (batch, heads, new, d_k) that fit after the `length` cached positions."""
-    batch, heads, max_len, d_k = keys.shape
+    batch, heads, max_seq_len, d_k = keys.shape
     if k.shape != v.shape or k.ndim != 4 or (k.shape[0], k.shape[1], k.shape[3]) != (batch, heads, d_k):
         raise ValueError(f"KVCache.update expects k and v of shape (batch, heads, new, d_k) = ({batch}, {heads}, "
                          f"new, {d_k}), got k {tuple(k.shape)} and v {tuple(v.shape)}")
     new = k.shape[2]
-    if length + new > max_len:
+    if length + new > max_seq_len:
         raise ValueError(f"KVCache: {new} new positions do not fit after the {length} cached ones "
-                         f"(max_len={max_len}): past the context, the window slides and the cache starts again")
+                         f"(max_seq_len={max_seq_len}): past the context, the window slides and the cache starts again")
 
 
 class KVCache:
     """One attention layer's cache: the keys (after RoPE) and the values of every position seen so far.
 
-    Preallocated: `keys` and `values`, zeros (batch, num_kv_heads, max_len, d_k) made once (the attention's
-    key/value heads); `length` positions filled. update, which MultiHeadSelfAttention.forward(x, cache=...) calls,
-    writes new positions in place and returns views of all so far. max_len is the model's context_length, which the
-    window never passes: the memory is known and taken once. One cache per text: reset() it for the next prompt.
+    `keys` and `values`: zeros (batch, num_kv_heads, max_seq_len, d_k), made once, max_seq_len at most the model's
+    context_length (the window never passes it); `length` positions filled. update, which the attention's forward(x,
+    cache=...) calls, writes new positions in place and returns views of all so far. reset() for a new text.
     """
 
-    def __init__(self, batch: int, num_kv_heads: int, max_len: int, d_k: int, *, device=None, dtype=None) -> None:
-        if min(batch, num_kv_heads, max_len, d_k) < 1:
+    def __init__(self, batch: int, num_kv_heads: int, max_seq_len: int, d_k: int, *, device=None, dtype=None) -> None:
+        if min(batch, num_kv_heads, max_seq_len, d_k) < 1:
             raise ValueError(f"KVCache: every size must be >= 1, got batch={batch}, num_kv_heads={num_kv_heads}, "
-                             f"max_len={max_len}, d_k={d_k}")
+                             f"max_seq_len={max_seq_len}, d_k={d_k}")
         self.length = 0  # positions filled
-        self.keys = torch.zeros(batch, num_kv_heads, max_len, d_k, device=device, dtype=dtype)
+        self.keys = torch.zeros(batch, num_kv_heads, max_seq_len, d_k, device=device, dtype=dtype)
         self.values = torch.zeros_like(self.keys)
 
     @classmethod
-    def for_model(cls, model: nn.Module, batch: int = 1) -> list["KVCache"]:
-        """One empty cache per block of `model`, for its attention's key/value heads."""
-        weight = model.lm_head.weight
-        return [cls(batch, block.attn.num_kv_heads, model.context_length, block.attn.d_k, device=weight.device,
+    def for_model(cls, model: nn.Module, batch: int = 1, max_seq_len: int | None = None) -> list["KVCache"]:
+        """One empty cache per block, of its attention's key/value heads and max_seq_len positions (None: all)."""
+        _check_positions_wanted(max_seq_len, model.context_length)
+        weight, positions = model.lm_head.weight, max_seq_len or model.context_length
+        return [cls(batch, block.attn.num_kv_heads, positions, block.attn.d_k, device=weight.device,
                     dtype=weight.dtype) for block in model.layers]
 
     def update(self, k: Float[Tensor, "batch heads new d_k"],

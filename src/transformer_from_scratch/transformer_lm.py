@@ -1,6 +1,6 @@
 # Generated from notebooks/10_transformer_lm.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 38a9c2fa0b712c7e450bed115ed63088296e667358bf3d82ab4f27649dc78f32
+# body-sha256: 9ce10cbdf8a90fe6166827913a587f4fbd5de34df555b36fa61352ca8969afa0
 
 import inspect
 from collections.abc import Callable
@@ -228,15 +228,15 @@ def next_token_distribution(logits: Float[Tensor, "*batch vocab"], temperature: 
     return probs
 
 
-def _new_cache(model: nn.Module) -> list | None:
-    """One empty KV cache per block (notebook 12's KVCache) for a model whose forward takes `cache` (a
-    TransformerLM); None for any other model, and for a KVCache not written yet (the student edition before notebook
-    12: then generate decodes without a cache)."""
+def _new_cache(model: nn.Module, max_seq_len: int) -> list | None:
+    """One empty KV cache per block (notebook 12's KVCache) of max_seq_len positions, for a model whose forward takes
+    `cache` (a TransformerLM); None for any other model, and for a KVCache not written yet (the student edition before
+    notebook 12: then generate decodes without a cache)."""
     if "cache" not in inspect.signature(model.forward).parameters:
         return None
     from transformer_from_scratch.kv_cache import KVCache  # notebook 12's module: imported when first needed
     try:
-        return KVCache.for_model(model)
+        return KVCache.for_model(model, max_seq_len=max_seq_len)
     except NotImplementedError:
         return None
 
@@ -264,7 +264,7 @@ def generate(model: nn.Module, prompt_ids: Int[Tensor, "prompt"], max_new_tokens
     max_new_tokens < 0, or a sampling argument out of range.
     """
     _check_generate(prompt_ids, max_new_tokens, temperature, top_k, top_p)
-    cache = _new_cache(model) if use_cache else None
+    cache = _new_cache(model, min(len(prompt_ids) + max_new_tokens, model.context_length)) if use_cache else None
     ids, start = prompt_ids, 0
     with trusted():
         for _ in range(max_new_tokens):

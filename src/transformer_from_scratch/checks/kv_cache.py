@@ -27,8 +27,8 @@ def _check_cache_class(cache_class: Any) -> None:
         buffer = getattr(cache, name, None)
         if not isinstance(buffer, Tensor) or tuple(buffer.shape) != (2, 3, 7, 4) or buffer.dtype != torch.float64:
             fail(f"{what}.{name} is {describe(buffer)}, expected a float64 tensor of shape (2, 3, 7, 4), made once",
-                 "preallocate each buffer once in __init__, zeros of shape (batch, num_kv_heads, max_len, d_k) on the "
-                 "device and in the dtype given")
+                 "preallocate each buffer once in __init__, zeros of shape (batch, num_kv_heads, max_seq_len, d_k) "
+                 "on the device and in the dtype given")
     if getattr(cache, "length", None) != 0:
         fail(f"a new KVCache has length {getattr(cache, 'length', None)!r}, not 0",
              "a new cache holds no position yet: its length starts at 0")
@@ -59,11 +59,11 @@ def _check_cache_class(cache_class: Any) -> None:
     except ValueError:
         pass
     except Exception as error:  # noqa: BLE001
-        fail(f"KVCache.update past max_len raised {type(error).__name__}, not ValueError",
-             "check length + n <= max_len first and raise ValueError naming the numbers")
+        fail(f"KVCache.update past max_seq_len raised {type(error).__name__}, not ValueError",
+             "check length + n <= max_seq_len first and raise ValueError naming the numbers")
     else:
-        fail("KVCache.update accepts 4 positions after 4 cached ones with max_len 7",
-             "raise ValueError when length + n > max_len: past the context the window slides")
+        fail("KVCache.update accepts 4 positions after 4 cached ones with max_seq_len 7",
+             "raise ValueError when length + n > max_seq_len: past the context the window slides")
     call("KVCache.reset()", cache.reset)
     if cache.length != 0:
         fail(f"KVCache.reset() leaves length at {cache.length}", "a reset cache holds no position: its length goes "
@@ -87,6 +87,13 @@ def _check_for_model(cache_class: Any) -> None:
                  f"in the model's dtype (it returned {describe(caches)})", "one cache per block: (batch, "
                  "attn.num_kv_heads, model.context_length, attn.d_k), on the device and in the dtype of the model's "
                  "weights")
+    model = _model(num_kv_heads=_KV)
+    caches = call("KVCache.for_model(model, batch=1, max_seq_len=3)", cache_class.for_model, model, 1, max_seq_len=3)
+    lengths = [c.keys.shape[2] for c in caches] if isinstance(caches, list) else None
+    if lengths != [3] * _L:
+        fail(f"KVCache.for_model(model, batch=1, max_seq_len=3) makes caches of {lengths} positions, not 3 each: "
+             "max_seq_len is ignored", "size every cache with max_seq_len when it is given (generate asks for no "
+             "more than its prompt and reply take), the whole context when it is None")
 
 
 def _check_in_the_model(cache_class: Any) -> None:
@@ -121,7 +128,7 @@ def _check_in_the_model(cache_class: Any) -> None:
 def check_kv_cache(cache_class: Any) -> None:
     """Check the learner's ``KVCache`` class; print one line if right, else raise ``AssertionError``.
 
-    Checked: KVCache(batch, num_kv_heads, max_len, d_k, device=, dtype=) preallocates zero keys and values, update
+    Checked: KVCache(batch, num_kv_heads, max_seq_len, d_k, device=, dtype=) preallocates zero keys and values, update
     returns views of every position so far and advances length, refuses to overflow (ValueError), reset, nbytes;
     for_model makes one cache per block of the attention's key/value heads; and the course's TransformerLM (2 blocks,
     11 ids, context 8; 4 heads, or 4 query heads over 2 key/value heads) with these caches, for every prompt length

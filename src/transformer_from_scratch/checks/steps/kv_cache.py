@@ -27,7 +27,7 @@ def _shares_memory(view: Tensor, buffer: Tensor) -> bool:
 
 def check_append_to_cache(append_to_cache: Callable[..., tuple[Tensor, Tensor]]) -> None:
     """Check ``append_to_cache(keys, values, length, k, v)``: write the n new keys and values (batch, heads, n, d_k)
-    into the preallocated ``keys`` and ``values`` (batch, heads, max_len, d_k) at positions length … length+n-1, in
+    into the preallocated ``keys`` and ``values`` (batch, heads, max_seq_len, d_k) at positions length … length+n-1, in
     place, and return the keys and values of positions 0 … length+n-1 as views of the buffers.
 
     Mistakes it recognises: writing at position 0 every time (positions restarting); returning only the new keys;
@@ -188,7 +188,7 @@ def _attention_steps(attn: MultiHeadSelfAttention, x: Tensor, *, restart: bool =
 def check_attention_step(attention_step: Callable[..., Tensor]) -> None:
     """Check ``attention_step(attn, x, keys, values, start)``: ``attn``'s causal attention for the n new tokens x
     (batch, n, d_model) at absolute positions start … start+n-1, with their rotated keys and their values written
-    into the preallocated ``keys``/``values`` (batch, heads, max_len, d_k), attending to every position so far.
+    into the preallocated ``keys``/``values`` (batch, heads, max_seq_len, d_k), attending to every position so far.
 
     Runs a MultiHeadSelfAttention (d_model 12, 3 heads, RoPE) over 8 tokens as a prefill of 3, two single tokens
     and a chunk of 3, and compares each output with attn on the whole sequence. Mistakes it recognises: positions
