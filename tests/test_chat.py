@@ -256,12 +256,19 @@ def test_bad_sampling_flags_are_refused_before_the_load(flags, message, monkeypa
     assert capsys.readouterr().err == f"chat: {message}\n"
 
 
-def test_the_decode_runs_on_one_thread_by_default_and_main_puts_torchs_back(loaded_once, monkeypatch, capsys):
+def test_the_decode_runs_on_the_free_cores_by_default_and_main_puts_torchs_back(loaded_once, monkeypatch, capsys):
     import torch
 
     seen = []
     monkeypatch.setattr(pretrained, "chat", lambda *args, on_token, **kwargs: seen.append(torch.get_num_threads())
                         or "ok")
+    monkeypatch.setattr(chat_cli, "free_cores", lambda: 1)
     before = torch.get_num_threads()
     assert chat_cli.main(["--prompt", "Hi"]) == 0 and chat_cli.main(["--prompt", "Hi", "--threads", "2"]) == 0
     assert seen == [1, 2] and torch.get_num_threads() == before
+    assert "decoding on 1 thread" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cores, load, threads", [(2, 0.3, 2), (2, 1.0, 1), (2, 3.7, 1), (8, 2.4, 6), (4, 0.0, 4)])
+def test_the_default_threads_are_the_cores_less_the_load(cores, load, threads):
+    assert chat_cli.free_cores(cores, load) == threads
