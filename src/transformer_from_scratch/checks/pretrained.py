@@ -27,7 +27,7 @@ from ..transformer_lm import TransformerLM
 from ._harness import attempt, call, crashed, describe, fail, first_line, passed, refuses
 from ._tiny_gguf import NORM_EPS, ROPE_THETA, SIZES, TEMPLATE, write_tiny_gguf
 from ._fixtures import reference_tokenizer as _reference_tokenizer
-from .steps.pretrained import load_crash, named_dequantization_mistake
+from .steps.pretrained import TRANSPOSED_FIX, holds_transposed, load_crash, named_dequantization_mistake
 from .tokenizer import short
 
 
@@ -119,9 +119,8 @@ def _check_weights(model: nn.Module, state: dict[str, torch.Tensor], what: str, 
         got = weight.detach().to("cpu", torch.float64)
         if torch.allclose(got, expected, rtol=1e-6, atol=1e-6):
             continue
-        if expected.dim() == 2 and torch.allclose(got, expected.reshape(expected.shape[::-1]).T, rtol=1e-6, atol=1e-6):
-            fail(f"{what}: {name} holds the file's numbers transposed", "ggml's shape lists the fastest axis first: "
-                 "reshape the values to the reversed shape, (d_out, d_in), and do not transpose them")
+        if holds_transposed(got, expected):
+            fail(f"{what}: {name} holds the file's numbers transposed", TRANSPOSED_FIX)
         if name == "lm_head.weight" and tied:
             fail(f"{what}: lm_head.weight is not the embedding matrix, though the file has no output.weight",
                  "a file without output.weight ties the embeddings: build the model with tie_embeddings=True")

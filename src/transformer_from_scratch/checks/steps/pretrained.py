@@ -289,6 +289,15 @@ Q4_1_MISTAKES = {
 DEQUANTIZERS = {"Q8_0": (q8_0_variant, Q8_0_MISTAKES), "Q4_1": (q4_1_variant, Q4_1_MISTAKES)}
 
 
+TRANSPOSED_FIX = ("ggml's shape lists the fastest axis first: reshape the values to the reversed shape, (d_out, d_in), "
+                  "and do not transpose them")
+
+
+def holds_transposed(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    """True when a matrix holds the file's values read in ggml's shape and then transposed (the classic mistake)."""
+    return expected.dim() == 2 and torch.allclose(got, expected.reshape(expected.shape[::-1]).T, rtol=1e-6, atol=1e-6)
+
+
 def named_dequantization_mistake(out: torch.Tensor, blocks: torch.Tensor, expected: torch.Tensor,
                                  kind: str) -> tuple[str, str] | None:
     """The classic mistake (message, fix) whose result ``out`` matches, for blocks of type ``kind`` whose right
@@ -786,9 +795,8 @@ def check_state_dict_from(state_dict_from: Callable[[list], dict]) -> None:
         values = got.detach().to("cpu", torch.float64)
         if torch.allclose(values, want, rtol=1e-6, atol=1e-6):
             continue
-        if want.dim() == 2 and torch.allclose(values, want.reshape(want.shape[::-1]).T, rtol=1e-6, atol=1e-6):
-            fail(f"{what}[{name!r}] holds the file's numbers transposed", "ggml's shape lists the fastest axis "
-                 "first: reshape the values to the reversed shape, and do not transpose them")
+        if holds_transposed(values, want):
+            fail(f"{what}[{name!r}] holds the file's numbers transposed", TRANSPOSED_FIX)
         fail(f"{what}[{name!r}] differs from the file's dequantized values by up to "
              f"{(values - want).abs().max().item():.3g}", "give each name its own tensor, dequantized by its type "
              "(weights_of, with your dequantizers)")
