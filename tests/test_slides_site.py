@@ -799,10 +799,7 @@ def test_every_notebook_draws_in_the_course_style(notebook):
 # it) cut across two slides, a printed result with neither its code nor a word about it, and no speaker note. Where
 # the fix belongs in a notebook this change could not touch, the slide is named below: a ratchet. A new case fails;
 # so does a listed one that is gone (then delete its line).
-KNOWN_ROOM_PROBLEMS: dict[str, set[str]] = {
-    "10_transformer_lm": {"a list split across slides: It learns: a few hundred steps of AdamW on the fables",
-                          "words: It learns: a few hundred steps of AdamW on the fables"},
-}
+KNOWN_ROOM_PROBLEMS: dict[str, set[str]] = {}
 
 
 def _lecture_pages(cells: list) -> list[list]:
@@ -921,7 +918,8 @@ def test_a_self_check_that_states_its_answer_is_left_out():
 # The notebooks whose lecturer's notes are written (issue 39): each ## section of the lecture opens with one, in
 # metadata.lecturer (JupyterLab shows a learner none of it), and the deck makes it the slide's speaker note.
 LECTURER_NOTEBOOKS = ("01_linear", "02_embedding", "03_softmax", "04_rmsnorm", "05_attention", "06_rope", "07_swiglu",
-                      "08_multihead_attention", "09_transformer_block", "11_training", "12_kv_cache", "13_tokenizer")
+                      "08_multihead_attention", "09_transformer_block", "10_transformer_lm", "11_training", "12_kv_cache",
+                      "13_tokenizer", "14_pretrained")
 
 
 @pytest.mark.parametrize("stem", LECTURER_NOTEBOOKS)
@@ -984,13 +982,13 @@ def test_a_public_site_needs_the_repository_address(tmp_path, monkeypatch, capsy
 
 
 def test_readme_sections_a_notebook_names_exist_and_the_site_links_them():
-    """A notebook's "README's *X*" names a section the README has (a ratchet names the ones that do not, in notebooks
-    this change could not edit); with an http(s) address the site links the README and its sections."""
+    """A notebook's "README's *X*" names a section the README has; with an http(s) address the site links the README
+    and its sections."""
     sections = web.readme_sections()
     missing = {(p.stem, name) for p in NOTEBOOKS
                for cell in nbformat.read(p, as_version=4).cells if cell.cell_type == "markdown"
                for name in web.readme_mentions(cell.source) if web.readme_section(name, sections) is None}
-    assert missing == {("14_pretrained", "Benchmarks")}, "a README section that does not exist (or a fixed one)"
+    assert missing == set(), "a README section that does not exist"
     linked = web.link_readme("see README's *Chat with it* and *Benchmarks*; (README, *Speed*).",
                              "https://example.org/someone/course.git", sections)
     assert "[README](https://example.org/someone/course#readme)" in linked
