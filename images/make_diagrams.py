@@ -54,6 +54,7 @@ TITLES = {
     "transformer_lm": "The whole model: a pre-norm Transformer LM",
     "tokenizer": "Where the tokenizer sits: text in, token ids out",
     "pretrained": "Real weights: every part, and the tokenizer, from one file",
+    "finetune": "LoRA: a trainable low-rank update beside q_proj and v_proj",
 }
 KEYS = [k for k in TITLES if k is not None]
 
@@ -62,6 +63,9 @@ KEYS = [k for k in TITLES if k is not None]
 BLOCK = ("transformer_block",)
 MHA = ("multihead_attention", "transformer_block")
 FFN = ("swiglu", "transformer_block")
+# Fine-tuning (notebook 15) lights the two Linears LoRA adapts, and the attention that holds them; the rest is frozen.
+LORA = ("finetune",)
+LORA_TARGETS = ("q_proj", "v_proj")
 
 # ---------------------------------------------------------------------------
 # Colours and fonts.  A white background keeps it readable in dark themes.
@@ -155,7 +159,7 @@ NODES = [
          FRAME_X1 - FRAME_X0, Y_FRAME1 - Y_FRAME0, "Transformer block", "× num_layers", BLOCK),
     Node("br1", "dot", MAIN_X, Y_BR1, keys=BLOCK),
     main_box("ln1", Y_LN1, "RMSNorm (ln1)", keys=("rmsnorm",) + BLOCK),
-    main_box("attn", Y_ATTN, "Causal multi-head\nself-attention", keys=MHA, h=0.66),
+    main_box("attn", Y_ATTN, "Causal multi-head\nself-attention", keys=MHA + LORA, h=0.66),
     Node("add1", "add", MAIN_X, Y_ADD1, 2 * R_OP, 2 * R_OP, keys=BLOCK),
     Node("br2", "dot", MAIN_X, Y_BR2, keys=BLOCK),
     main_box("ln2", Y_LN2, "RMSNorm (ln2)", keys=("rmsnorm",) + BLOCK),
@@ -168,9 +172,10 @@ NODES = [
     Node("probs", "text", MAIN_X, Y_PROBS, label="next-token probabilities"),
     # ---- multi-head attention panel ----
     Node("mha", "panel", PANEL_C, (MP_Y0 + MP_Y1) / 2, PANEL_X1 - PANEL_X0, MP_Y1 - MP_Y0,
-         "Inside causal multi-head self-attention", keys=MHA),
+         "Inside causal multi-head self-attention", keys=MHA + LORA),
     Node("mx", "text", PANEL_C, Y_MX, label="x  (batch, seq, d_model)", keys=MHA),
-    *[Node(f"{p}_proj", "box", cx, Y_QKV, 1.15, 0.6, "Linear", f"{p}_proj", ("linear",) + MHA)
+    *[Node(f"{p}_proj", "box", cx, Y_QKV, 1.15, 0.6, "Linear", f"{p}_proj",
+           ("linear",) + MHA + (LORA if f"{p}_proj" in LORA_TARGETS else ()))
       for p, cx in zip("qkv", MP_COLS)],
     *[Node(f"rope_{p}", "box", cx, Y_ROPE, 1.15, 0.42, "RoPE", "", ("rope",) + MHA)
       for p, cx in zip("qk", MP_COLS)],
@@ -321,6 +326,8 @@ def text(ax, x, y, s, color, size=FS_LABEL, **kw):
 
 
 def draw_node(ax, node: Node, highlight: str | None) -> None:
+    if highlight == "finetune" and node.name in LORA_TARGETS:  # LoRA's update, beside the frozen weight
+        node = Node(node.name, node.kind, node.x, node.y, node.w, node.h, f"{node.sub}", "+ (α/r)·B A", node.keys)
     st = style(node, highlight)
     x0, y0 = node.x - node.w / 2, node.y - node.h / 2
     if node.kind in ("box", "frame", "panel"):

@@ -8,6 +8,7 @@ formula) would broadcast without a word, and checks that ours refuse them, with 
 """
 
 import io
+import random
 import tempfile
 from pathlib import Path
 
@@ -17,6 +18,10 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import TypeCheckError
 
+from torch import nn
+
+from transformer_from_scratch import (LoRALinear, apply_lora, assistant_targets, encode_example, exact_match, held_out,
+                                      lora_delta, masked_cross_entropy, pad_batch, reverse_task, wilson_interval)
 from transformer_from_scratch import (
     AdamW,
     chat_prompt,
@@ -541,6 +546,44 @@ def _checkpoint_of(model):
     save_checkpoint(model, AdamW(model.parameters()), 3, buffer)
     buffer.seek(0)
     return buffer
+
+
+# Notebook 15's public names.
+def _tiny_lm():
+    return TransformerLM(32, 8, 16, 1, 2, 32, 10_000.0)
+
+
+FINETUNE_CASES = [
+    case("lora_delta-wrong-d_in", lambda: lora_delta(randn(2, 5), randn(2, 4), randn(3, 2), 1.0),
+         TCE("lora_delta: A is", "does not fit"), Raises(ValueError, "lora_delta: x (..., d_in), A (rank, d_in)", "A (2, 4)")),
+    case("assistant_targets-no-reply", lambda: assistant_targets([1, 2], []),
+         Raises(ValueError, "assistant_targets: the prompt and the reply need at least one id each", "got 2 and 0")),
+    case("pad_batch-no-examples", lambda: pad_batch([], 0), Raises(ValueError, "pad_batch: no examples")),
+    case("pad_batch-lengths-differ", lambda: pad_batch([([1, 2], [3])], 0),
+         Raises(ValueError, "pad_batch: example 0 has 2 ids and 1 targets")),
+    case("masked_cross_entropy-nothing-counted", lambda: masked_cross_entropy(randn(1, 2, 3), torch.full((1, 2), -100)),
+         Raises(ValueError, "masked_cross_entropy: every target is IGNORE")),
+    case("exact_match-seq-differs", lambda: exact_match(randn(2, 3, 4), torch.zeros(2, 4, dtype=torch.long)),
+         Raises(ValueError, "exact_match: logits (batch, seq, vocab) and integer targets (batch, seq)", "(2, 4)")),
+    case("LoRALinear-biased-base", lambda: LoRALinear(nn.Linear(4, 3), 1, 1.0),
+         Raises(TypeError, "LoRALinear: base must be a Linear without bias", "got Linear")),
+    case("LoRALinear-rank-too-large", lambda: LoRALinear(Linear(4, 3), 4, 1.0),
+         Raises(ValueError, "LoRALinear: rank must be an int in [1, min(d_in, d_out)] = [1, 3]", "got 4")),
+    case("LoRALinear-alpha-zero", lambda: LoRALinear(Linear(4, 3), 1, 0.0),
+         Raises(ValueError, "LoRALinear: alpha must be a number > 0", "got 0.0")),
+    case("LoRALinear-forward-wrong-d_in", lambda: LoRALinear(Linear(4, 3), 1, 1.0)(randn(2, 5)),
+         Raises(ValueError, "Linear expected an input of shape (..., 4)", "got shape (2, 5)")),
+    case("apply_lora-unknown-target", lambda: apply_lora(_tiny_lm(), ("q_proj", "wq")),
+         Raises(ValueError, "apply_lora: no Linear is called wq", "q_proj")),
+    case("held_out-a-str", lambda: held_out("apple"), Raises(TypeError, "held_out takes the list's words", "'apple'")),
+    case("reverse_task-split", lambda: reverse_task(random.Random(0), split="valid"),
+         Raises(ValueError, "reverse_task: split is 'train' or 'test'", "'valid'")),
+    case("encode_example-answer-a-list", lambda: encode_example(None, "Reverse: a, b", ["b", "a"], None),
+         Raises(TypeError, "encode_example: the question and the answer are str", "got str and list")),
+    case("wilson_interval-more-right-than-asked", lambda: wilson_interval(5, 4),
+         Raises(ValueError, "wilson_interval: need ints 0 <= correct <= n and n >= 1", "correct=5, n=4")),
+]
+CASES += FINETUNE_CASES
 
 
 @pytest.mark.parametrize("checks", [True, False], ids=["checks-on", "checks-off"])

@@ -48,6 +48,8 @@ from transformer_from_scratch.checks.steps import (attention, embedding, kv_cach
                                                    transformer_lm)
 from transformer_from_scratch import pretrained
 from transformer_from_scratch.checks.steps import pretrained as pretrained_checks
+from transformer_from_scratch import finetune as ft
+from transformer_from_scratch.checks.steps import finetune as finetune_checks
 from transformer_from_scratch.kv_cache import KVCache
 from transformer_from_scratch.transformer_lm import generate
 
@@ -183,6 +185,14 @@ LEARNERS = [
     function(pretrained_checks.check_state_dict_from, pretrained.state_dict_from, tensor=False),
     function(pretrained_checks.check_with_tied_head, pretrained.with_tied_head, tensor=False),
     function(pretrained_checks.check_model_from_state, pretrained.model_from_state, tensor=False),
+    # notebook 15: LoRA fine-tuning
+    component(checks.check_lora_linear, ft.LoRALinear),
+    function(checks.check_apply_lora, ft.apply_lora, tensor=False),
+    function(finetune_checks.check_lora_delta, ft.lora_delta),
+    function(finetune_checks.check_assistant_targets, ft.assistant_targets, tensor=False),
+    function(finetune_checks.check_pad_batch, ft.pad_batch, dtype=False),  # ids
+    function(finetune_checks.check_masked_cross_entropy, ft.masked_cross_entropy),
+    function(finetune_checks.check_exact_match, ft.exact_match, dtype=False),  # bool
 ]
 # Checks of an answer (a number the learner computed), not of code: there is no call to plant a mistake in.
 ANSWERS = [kv_exercises.check_kv_cache_gib, kv_exercises.check_t_attention, training_answers.check_unigram_loss,

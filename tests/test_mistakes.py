@@ -40,6 +40,7 @@ MODULES = [
     "test_steps_transformer_lm",
     "test_steps_training",
     "test_steps_kv_cache",
+    "test_checks_finetune", "test_steps_finetune",
     "test_kv_cache_exercises",
 ]
 CATALOGUES = {name: importlib.import_module(name).CATALOGUES for name in MODULES}

@@ -17,7 +17,12 @@ import pytest
 from transformer_from_scratch._project import repo_root
 
 REPO = repo_root()
-TRAINING_NOTEBOOKS = [path for path in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")) if int(path.name[:2]) >= 9]
+# 15 (LoRA on SmolLM2) is left out for now: it passed both runs by hand on 2026-11-29 (one thread 6 min 17 s; four
+# threads with MKL's compatible kernels 13 min 30 s on the 2-core VM), which would double this test's time. Its
+# fine-tune has to get cheaper before it joins (issue 40).
+TOO_SLOW_HERE = {"15_finetune.ipynb"}
+TRAINING_NOTEBOOKS = [path for path in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+                      if int(path.name[:2]) >= 9 and path.name not in TOO_SLOW_HERE]
 MACHINES = {
     "one thread": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
     "four threads, MKL's compatible kernels": {"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4", "MKL_CBWR": "COMPATIBLE"},

@@ -28,6 +28,8 @@ from .tokenizer import GPT2_PATTERN, Tokenizer, bytes_to_unicode, train_bpe
 from .pretrained import (chat_prompt, chat_turn, default_system, dequantize_q4_1, dequantize_q8_0, load_gguf,
                          model_config, model_from_state, open_gguf, our_name, read_metadata, state_dict_from, tensor_of,
                          tokenizer_from_gguf, with_tied_head)
+from .finetune import (LoRALinear, apply_lora, assistant_targets, encode_example, exact_match, held_out, lora_delta,
+                       masked_cross_entropy, pad_batch, reverse_task, wilson_interval)
 
 __all__ = ["Linear", "Embedding", "softmax", "RMSNorm", "scaled_dot_product_attention", "RotaryPositionalEmbedding", "silu", "SwiGLU", "swiglu_hidden_size", "MultiHeadSelfAttention", "TransformerBlock", "TransformerLM", "count_resources", "next_token_distribution", "generate",
            "cross_entropy", "AdamW", "lr_cosine_schedule", "gradient_clipping", "tokenize_file", "get_batch",
@@ -36,4 +38,6 @@ __all__ = ["Linear", "Embedding", "softmax", "RMSNorm", "scaled_dot_product_atte
            "read_metadata", "model_config", "dequantize_q8_0", "dequantize_q4_1", "tensor_of", "our_name",
            "tokenizer_from_gguf", "default_system", "chat_prompt", "open_gguf", "state_dict_from", "with_tied_head",
            "model_from_state", "load_gguf", "chat_turn",
+           "lora_delta", "assistant_targets", "pad_batch", "masked_cross_entropy", "exact_match", "LoRALinear",
+           "apply_lora", "held_out", "reverse_task", "encode_example", "wilson_interval",
            "set_shape_checks", "shape_checks", "shape_checks_enabled", "trusted"]

@@ -29,6 +29,7 @@ from .training import (check_adamw, check_checkpoint, check_cross_entropy, check
                        check_lr_cosine_schedule)
 from .tokenizer import check_tokenizer, check_train_bpe
 from .pretrained import check_chat, check_load_gguf
+from .finetune import check_apply_lora, check_lora_linear
 
 __all__ = [
     "check_linear",
@@ -54,4 +55,6 @@ __all__ = [
     "check_tokenizer",
     "check_load_gguf",
     "check_chat",
+    "check_lora_linear",
+    "check_apply_lora",
 ]
