@@ -55,10 +55,7 @@ MAX_WORDS = slides.MAX_WORDS * 1.1  # "about 150": the builder counts the Markdo
 TOP_THIRD_PX = 240  # a lecture slide whose content ends above it uses a third of the slide
 NEAR_EMPTY_PX = 110  # a slide whose content (headings aside) is shorter, with no figure or code, is a leftover
 # Lecture slides (by heading, as MEASURE_SLIDES names them) allowed to end in the top third: a ratchet (issue 39).
-KNOWN_TOP_THIRD: dict[str, set[str]] = {
-    # Notebook 15's output-only continuations (a few printed lines after a long cell): to fix in its prose (issue 40).
-    "15": {"What it forgot (continued)", "Which reply tokens learned (continued)"},
-}
+KNOWN_TOP_THIRD: dict[str, set[str]] = {}
 SILENT_SLIDES = """Array.from(document.querySelectorAll('.reveal .slides section'))
   .filter(s => !s.querySelector('section') && !s.closest('[data-appendix]'))
   .map((s, n) => [n + 1, (s.querySelector('aside.notes') || {textContent: ''}).textContent.trim()])
