@@ -99,12 +99,7 @@ def train(config: TrainConfig, *, resume: bool = False, requested: dict[str, Any
                          f"another --out-dir")
     check_config(config)
     config = dataclasses.replace(config, vocab_size=model_vocab_size(config))  # the checkpoint records the size
-    if stop_at is not None and stop_at < 1:
-        raise SystemExit(f"--stop-at must be >= 1, got {stop_at}")
-    procs = _Processes.from_environment()
-    if config.batch_size % procs.world:
-        raise SystemExit(f"--batch-size {config.batch_size} must be divisible by the {procs.world} processes")
-    device = resolve_device(config.device, procs.local_rank)
+    procs, device = start_processes(config.batch_size, stop_at, config.device)
     digest = checkpoint["extra"].get("tokenizer_sha256") if checkpoint is not None else None
     if checkpoint is not None and config.tokenizer == "bpe" and digest is None:
         raise SystemExit(f"--resume: {checkpoint_path} records no tokenizer, its run cannot be a --tokenizer bpe one")
@@ -232,15 +227,33 @@ def _resumed_config(checkpoint: dict, requested: dict[str, Any], path: Path) -> 
     if requested.get("vocab_size", 0) is None:  # --vocab-size none: the tokenizer's default, as a new run takes it
         tokenizer = requested.get("tokenizer", saved["tokenizer"])
         requested = dict(requested, vocab_size=DEFAULT_VOCAB_SIZE.get(tokenizer, VOCAB_SIZE))
-    unknown = sorted(set(saved) - set(FIELDS))
+    return TrainConfig(**resumed_settings(saved, requested, FIELDS, OPERATIONAL, "the run", path))
+
+
+def resumed_settings(saved: dict[str, Any], requested: dict[str, Any], known, operational, what: str,
+                     path: Path) -> dict[str, Any]:
+    """A checkpoint's `saved` settings with the `operational` ones `requested` now (make train's and make finetune's
+    --resume); SystemExit for a saved name not in `known`, and for each other requested setting that differs."""
+    unknown = sorted(set(saved) - set(known))
     if unknown:
-        raise SystemExit(f"{path}: its config has settings this version does not know: {unknown}")
+        raise SystemExit(f"{path}: its settings hold names this version does not know: {unknown}")
     differ = [f"{setting_flag(k)} {requested[k]!r} (the checkpoint's: {saved.get(k)!r})" for k in sorted(requested)
-              if k not in OPERATIONAL and requested[k] != saved.get(k)]
+              if k not in operational and requested[k] != saved.get(k)]
     if differ:
-        raise SystemExit(f"--resume continues the run in {path} as it was configured; these settings differ: "
+        raise SystemExit(f"--resume continues {what} in {path} as it was set up; these settings differ: "
                          + "; ".join(differ))
-    return TrainConfig(**{**saved, **{k: v for k, v in requested.items() if k in OPERATIONAL}})
+    return {**saved, **{k: v for k, v in requested.items() if k in operational}}
+
+
+def start_processes(batch_size: int, stop_at: int | None, device: str) -> tuple[_Processes, torch.device]:
+    """This process's place under torchrun and its device; SystemExit for a --stop-at below 1 or a batch that the
+    processes cannot share evenly."""
+    if stop_at is not None and stop_at < 1:
+        raise SystemExit(f"--stop-at must be >= 1, got {stop_at}")
+    procs = _Processes.from_environment()
+    if batch_size % procs.world:
+        raise SystemExit(f"--batch-size {batch_size} must be divisible by the {procs.world} processes")
+    return procs, resolve_device(device, procs.local_rank)
 
 
 @dataclasses.dataclass

@@ -56,10 +56,11 @@ import torch
 from torch import Tensor, nn
 
 from transformer_from_scratch import finetune
-from transformer_from_scratch.config import resolve_device
+from transformer_from_scratch.config import setting_flag
 from transformer_from_scratch.pretrained import default_system
 from transformer_from_scratch.shapes import shape_checks
-from transformer_from_scratch.train import _make, _Processes, _process_group, _read_lines, _stop_requests
+from transformer_from_scratch.train import (_make, _Processes, _process_group, _read_lines, _stop_requests,
+                                           resumed_settings, start_processes)
 from transformer_from_scratch.training import AdamW, gradient_clipping, lr_cosine_schedule
 
 FORMAT = "transformer_from_scratch.tune/1"  # marks a checkpoint of this program
@@ -298,10 +299,6 @@ OPERATIONAL = {"out_dir", "weights", "package", "eval_examples", "eval_batch_siz
 FIELDS = {f.name: f for f in dataclasses.fields(TuneConfig)}
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def parse_targets(text: str) -> tuple[str, ...]:
     """--targets q_proj,v_proj -> ("q_proj", "v_proj") in the model's order; transformers' names are taken too."""
     names = [ALIASES.get(t.strip(), t.strip()) for t in str(text).split(",") if t.strip()]
@@ -318,7 +315,7 @@ def check_config(config: TuneConfig) -> TuneConfig:
     for name, low in at_least.items():
         value = getattr(config, name)
         if value is not None and value < low:
-            raise SystemExit(f"{_flag(name)} must be >= {low}, got {value}")
+            raise SystemExit(f"{setting_flag(name)} must be >= {low}, got {value}")
     if not config.alpha > 0:
         raise SystemExit(f"--alpha must be > 0, got {config.alpha}")
     if not (config.lr > 0 and math.isfinite(config.lr)):
@@ -328,18 +325,9 @@ def check_config(config: TuneConfig) -> TuneConfig:
 
 def _resumed_config(checkpoint: dict, requested: dict[str, Any], path: Path) -> TuneConfig:
     """The checkpoint's settings, with the operational ones asked for now; SystemExit if a training one differs."""
-    saved = checkpoint["config"]
-    unknown = sorted(set(saved) - set(FIELDS))
-    if unknown:
-        raise SystemExit(f"{path}: its settings hold names this version does not know: {unknown}")
     if "targets" in requested:
         requested = dict(requested, targets=",".join(parse_targets(requested["targets"])))
-    differ = [f"{_flag(k)} {requested[k]!r} (the checkpoint's: {saved.get(k)!r})" for k in sorted(requested)
-              if k not in OPERATIONAL and requested[k] != saved.get(k)]
-    if differ:
-        raise SystemExit(f"--resume continues the fine-tune in {path} as it was set up; these settings differ: "
-                         + "; ".join(differ))
-    return TuneConfig(**{**saved, **{k: v for k, v in requested.items() if k in OPERATIONAL}})
+    return TuneConfig(**resumed_settings(checkpoint["config"], requested, FIELDS, OPERATIONAL, "the fine-tune", path))
 
 
 # ---------------------------------------------------------------- the program
@@ -370,12 +358,7 @@ def tune(requested: dict[str, Any], *, resume: bool = False, overwrite: bool = F
                              f"--overwrite to start again, or another --out-dir")
         config = TuneConfig(**requested)
     config = check_config(config)
-    if stop_at is not None and stop_at < 1:
-        raise SystemExit(f"--stop-at must be >= 1, got {stop_at}")
-    procs = _Processes.from_environment()
-    if config.batch_size % procs.world:
-        raise SystemExit(f"--batch-size {config.batch_size} must be divisible by the {procs.world} processes")
-    device = resolve_device(config.device, procs.local_rank)
+    procs, device = start_processes(config.batch_size, stop_at, config.device)
     weights = _weights_file(config.weights)
     digest = _sha256(weights)
     if checkpoint is not None and checkpoint["weights_sha256"] != digest:
@@ -818,7 +801,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, field in FIELDS.items():
         kind = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int}[field.type]
         text = helps[name] % field.default if "%s" in helps[name] else helps[name]
-        settings.add_argument(_flag(name), dest=name, type=kind, default=argparse.SUPPRESS, help=text)
+        settings.add_argument(setting_flag(name), dest=name, type=kind, default=argparse.SUPPRESS, help=text)
     return parser
 
 
