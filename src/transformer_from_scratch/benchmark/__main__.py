@@ -1,7 +1,7 @@
 """`make bench`: the from-scratch TransformerLM against the same model built from PyTorch's built-ins.
 
     python -m transformer_from_scratch.benchmark [--out build/benchmark.md] [--no-compile] [--no-notebooks]
-                                                 [--only model|tokenizer|pretrained]
+                                                 [--only model|tokenizer|pretrained|finetune]
 
 Prints a Markdown table and writes it to --out. Every measurement runs in a fresh Python process (a clean
 allocator, a clean peak-memory reading, no compiled code left over from another row):
@@ -39,6 +39,11 @@ allocator, a clean peak-memory reading, no compiled code left over from another 
   bandwidth each reaches (the parameters' bytes, all read once per token, × tokens/s) beside the machine's copy
   bandwidth (bytes read and written by a 256 MB tensor copy); in float32 and bfloat16; the prefill (one forward of
   a 256-token prompt) in tokens/s, the load time and the process's peak resident memory.
+* finetune (`--only finetune` for this part alone; needs `make weights`): one training step of `make finetune`
+  (forward, backward, clipping, AdamW; its first batch: 16 questions of notebook 15's task) on SmolLM2-135M-Instruct
+  in float32, ours (`apply_lora`, the course's AdamW) against transformers + peft (`get_peft_model`,
+  torch.optim.AdamW) from the same GGUF file, LoRA at rank 8 on q_proj and v_proj, and full fine-tuning (every weight)
+  for both: tokens/s, and the resident memory the steps add to the loaded model at their peak.
 
 A shared machine's speed drifts by tens of percent from minute to minute, so each row runs --rounds times
 (default 3), the rows interleaved, and keeps its fastest round; each notebook and the floor measured just before
@@ -48,8 +53,8 @@ Targets, on the CPU: checks off >= 0.9× the reference for training, fused >= 1.
 PyTorch's, decode with checks off >= 0.9×, decode with the KV cache >= 1.0× the reference's cached decode and >= 5×
 ours without the cache, the small forward with checks off >= 1.0× the reference, and the notebooks under nbval
 <= 2× their floors; the tokenizer's 500-token training under 1.5 s, and its encoding within 5× of `tokenizers`
-(≥ 0.2× its MB/s) on one encode call; SmolLM2's greedy decode, as shipped, ≥ 1.0× Hugging Face's. The table says
-which are met.
+(≥ 0.2× its MB/s) on one encode call; SmolLM2's greedy decode, as shipped, ≥ 1.0× Hugging Face's; its LoRA step ≥ 1.0× transformers + peft's. The
+table says which are met.
 """
 
 from __future__ import annotations
@@ -701,6 +706,171 @@ def pretrained_report(rounds: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------- fine-tuning SmolLM2 (make finetune's step)
+
+FINETUNE = dict(batch=16, steps=3, rank=8, alpha=16.0, targets=("q_proj", "v_proj"), seed=0)
+FINETUNE_ROWS = [("hf", "lora"), ("ours", "lora"), ("hf", "full"), ("ours", "full")]
+
+
+def _finetune_batch() -> tuple[list[list[int]], list[list[int]]]:
+    """make finetune's first training batch (its default --seed and --batch-size): ids and targets, padded."""
+    import random
+
+    import gguf
+
+    from transformer_from_scratch import finetune
+    from transformer_from_scratch.pretrained import default_system, read_metadata, tokenizer_from_gguf
+    from transformer_from_scratch.weights import gguf_path
+
+    tokenizer = tokenizer_from_gguf(read_metadata(gguf.GGUFReader(gguf_path())))
+    system = default_system(tokenizer.chat_template)
+    rng = random.Random(FINETUNE["seed"])
+    examples = [finetune.encode_example(tokenizer, *finetune.reverse_task(rng), system)
+                for _ in range(FINETUNE["batch"])]
+    ids, targets = finetune.pad_batch(examples, tokenizer.special_ids["<|endoftext|>"])  # make finetune's padding
+    return ids.tolist(), targets.tolist()
+
+
+class _PeakRss:
+    """The process's resident memory, sampled every 2 ms on a thread while the block runs: its peak."""
+
+    def __enter__(self):
+        import threading
+
+        self.peak, self._done = _rss_bytes(), threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.002):
+            self.peak = max(self.peak, _rss_bytes())
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_bytes())
+
+
+def measure_finetune(row: str, mode: str) -> dict:
+    """One process: SmolLM2 in float32, ours (load_gguf; LoRA by finetune.apply_lora; the course's AdamW,
+    masked_cross_entropy and gradient_clipping; shape checks off, as make finetune runs) or Hugging Face's
+    (transformers from the same GGUF; LoRA by peft's get_peft_model; torch.optim.AdamW, F.cross_entropy,
+    clip_grad_norm_), adapting q_proj and v_proj (mode "lora") or training every weight ("full"), on the same batch:
+    the step's tokens/s (forward, backward, clipping, AdamW; one step to warm up, the best of the timed ones) and the
+    resident memory the steps add to the loaded model, at their peak (AdamW's state made in the first step)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import gc
+
+    import torch
+    import torch.nn.functional as F
+
+    import transformer_from_scratch as tfs
+    from transformer_from_scratch.weights import gguf_path
+
+    ids, targets = (torch.tensor(rows) for rows in _finetune_batch())
+    path = gguf_path()
+    torch.manual_seed(FINETUNE["seed"])
+    if row == "ours":
+        from transformer_from_scratch import finetune
+        from transformer_from_scratch.pretrained import load_gguf
+        from transformer_from_scratch.training import AdamW, gradient_clipping
+
+        model, _ = load_gguf(path, dtype=torch.float32)
+        tfs.set_shape_checks(False)
+        if mode == "lora":
+            finetune.apply_lora(model, FINETUNE["targets"], FINETUNE["rank"], FINETUNE["alpha"])
+        loss_of = lambda: finetune.masked_cross_entropy(model(ids), targets)  # noqa: E731
+        clip, make_adamw = gradient_clipping, AdamW
+    else:
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        if mode == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=FINETUNE["rank"], lora_alpha=FINETUNE["alpha"],
+                                                     lora_dropout=0.0, target_modules=list(FINETUNE["targets"])))
+        model.train()
+        loss_of = lambda: F.cross_entropy(model(input_ids=ids).logits.flatten(0, 1), targets.flatten(),  # noqa: E731
+                                          ignore_index=-100)
+        clip, make_adamw = torch.nn.utils.clip_grad_norm_, torch.optim.AdamW
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_adamw(trained, lr=1e-4, weight_decay=0.0)
+    gc.collect()
+    loaded = _rss_bytes()
+
+    def step() -> float:
+        loss = loss_of()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        clip(trained, 1.0)
+        optimizer.step()
+        return loss.item()
+
+    seconds = []
+    with _PeakRss() as peak:
+        first_loss = step()  # warm-up: AdamW's state is made here
+        for _ in range(FINETUNE["steps"]):
+            seconds.append(_seconds(step))
+    counted = int((targets != -100).sum())
+    return dict(tokens_per_s=ids.numel() / min(seconds), tokens=ids.numel(), counted=counted,
+                trained=sum(p.numel() for p in trained), first_loss=first_loss,
+                added_bytes=peak.peak - loaded, loaded_bytes=loaded, threads=torch.get_num_threads())
+
+
+def finetune_report(rounds: int) -> str:
+    """make finetune's step against transformers + peft on the same weights, batch, rank, targets and threads."""
+    try:
+        from transformer_from_scratch.weights import gguf_path
+
+        gguf_path()
+        import peft
+        import transformers
+    except (FileNotFoundError, ImportError) as error:
+        return f"**Fine-tuning SmolLM2**: not measured ({error}).\n"
+    best: dict[tuple, dict] = {}
+    for round_ in range(rounds):
+        for row, mode in FINETUNE_ROWS:
+            print(f"  finetune: {row}, {mode} (round {round_ + 1} of {rounds}) …", file=sys.stderr, flush=True)
+            result = _run_child("finetune", row, mode)
+            old = best.setdefault((row, mode), result)
+            old["tokens_per_s"] = max(old["tokens_per_s"], result["tokens_per_s"])
+            old["added_bytes"] = min(old["added_bytes"], result["added_bytes"])
+    some = best[("ours", "lora")]
+    lines = [f"Fine-tuning benchmark of {datetime.date.today().isoformat()}: {_cpu_name()}, {os.cpu_count()} cores, "
+             f"{some['threads']} torch thread(s); torch {_version('torch')}, transformers {transformers.__version__}, "
+             f"peft {peft.__version__}.", "",
+             f"**Fine-tuning SmolLM2-135M-Instruct** (float32): one training step (forward, backward, clipping at "
+             f"1.0, AdamW) on make finetune's first batch ({FINETUNE['batch']} lists of the reversal task, "
+             f"{some['tokens']} positions padded, {some['counted']} counted), ours (`load_gguf`, `apply_lora`, the "
+             f"course's AdamW, shape checks off, as `make finetune` runs) against transformers + peft "
+             f"(`get_peft_model`, torch.optim.AdamW) on the same GGUF file. LoRA: rank {FINETUNE['rank']}, alpha "
+             f"{FINETUNE['alpha']:g}, on {' and '.join(FINETUNE['targets'])}; full: every weight trained. Each row in "
+             f"a fresh process, the best of {rounds} rounds × {FINETUNE['steps']} steps after one to warm up. "
+             f"Memory: the resident memory the steps add to the loaded model at their peak (activations, "
+             f"gradients, AdamW's state).", "",
+             "| training | stack | trained parameters | tokens/s | × HF | memory added |",
+             "|---|---|---:|---:|---:|---:|"]
+    for mode in ("lora", "full"):
+        hf = best[("hf", mode)]
+        for label, r in (("transformers + peft" if mode == "lora" else "transformers", hf),
+                         ("ours", best[("ours", mode)])):
+            lines.append(f"| {'LoRA' if mode == 'lora' else 'full'} | {label} | {r['trained']:,} | "
+                         f"{r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / hf['tokens_per_s']:.2f} | "
+                         f"{_mib(r['added_bytes'])} |")
+    ours, full = best[("ours", "lora")], best[("ours", "full")]
+    ratio = ours["tokens_per_s"] / best[("hf", "lora")]["tokens_per_s"]
+    lines += ["", "**Targets** (fine-tuning, CPU):",
+              f"- LoRA step ≥ 1.0× transformers + peft: {_verdict(ratio, 1.0)} ({ratio:.2f}×)",
+              f"- memory added by a LoRA step against full fine-tuning (ours): {_mib(ours['added_bytes'])} against "
+              f"{_mib(full['added_bytes'])} ({ours['added_bytes'] / full['added_bytes']:.0%})"]
+    return "\n".join(lines) + "\n"
+
+
 def _version(package: str) -> str:
     from importlib.metadata import version
 
@@ -874,9 +1044,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None,
                         help="where the table goes (default: build/benchmark.md; with --only, build/benchmark_ONLY.md)")
-    parser.add_argument("--only", choices=["model", "tokenizer", "pretrained"], default=None,
-                        help="measure one part: the model's rows (and the notebooks), the tokenizer's, or "
-                             "SmolLM2-135M-Instruct's against Hugging Face's")
+    parser.add_argument("--only", choices=["model", "tokenizer", "pretrained", "finetune"], default=None,
+                        help="measure one part: the model's rows (and the notebooks), the tokenizer's, "
+                             "SmolLM2-135M-Instruct's decode against Hugging Face's, or its fine-tuning step "
+                             "against transformers + peft")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows (slow to compile)")
     parser.add_argument("--no-notebooks", action="store_true", help="skip timing the notebooks under nbval")
     parser.add_argument("--rounds", type=int, default=3, help="measure each eager row this many times, keep the best")
@@ -894,7 +1065,8 @@ def main(argv: list[str] | None = None) -> None:
                    "bpe_train": lambda: measure_bpe_train(row, device),  # DEVICE: the folder of its files
                    "bpe_encode": lambda: measure_bpe_encode(row, device),
                    "copy": lambda: measure_copy(device),
-                   "pretrained": lambda: measure_pretrained(row, device)}[kind]  # DEVICE: the dtype
+                   "pretrained": lambda: measure_pretrained(row, device),  # DEVICE: the dtype
+                   "finetune": lambda: measure_finetune(row, device)}[kind]  # DEVICE: lora or full
         print(json.dumps(measure()))
         return
     import torch
@@ -908,6 +1080,8 @@ def main(argv: list[str] | None = None) -> None:
         parts.append(tokenizer_report(args.rounds))
     if args.only in (None, "pretrained"):
         parts.append(pretrained_report(min(args.rounds, 2)))  # ~1 min a round on 2 cores
+    if args.only in (None, "finetune"):
+        parts.append(finetune_report(min(args.rounds, 2)))  # ~2 min a round on 2 cores
     text = "\n".join(parts)
     print(text)
     if args.out is None:
