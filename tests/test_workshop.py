@@ -8,10 +8,12 @@ taken from the reference where it is met), and execute the twelve notebooks one 
 the project's Python, as JupyterLab would.
 """
 
+import concurrent.futures
 import difflib
 import functools
 import io
 import json
+import os
 import re
 import tokenize
 from pathlib import Path
@@ -39,6 +41,7 @@ MIN_STEPS = 3  # learner-written, self-checked steps in each notebook's Build it
 # The edition runs below play the learner's code through every notebook, not its numbers: a notebook whose guided run
 # trains for minutes (nbval re-executes that in full) runs here at a size that takes seconds, by these replacements
 # in the copy, each of which must match its cell exactly once (a renamed size fails here, not silently).
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # each edition's kernels (they run side by side)
 SMALLER = {"15_finetune.ipynb": [("STEPS, BATCH, LR = 20, 16, 4e-3", "STEPS, BATCH, LR = 2, 4, 4e-3"),
                                  ('split="test")) for _ in range(200)]', 'split="test")) for _ in range(20)]')]}
 
@@ -275,8 +278,8 @@ def _run_edition(course: Path, write, *, allow_errors: bool = False) -> tuple[Pa
     executed = {}
     for notebook in NOTEBOOKS:
         nb = nbformat.read(out / notebook.name, as_version=4)
-        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(out)}},
-                       allow_errors=allow_errors).execute()
+        NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(out)}},
+                       allow_errors=allow_errors).execute(env={**os.environ, **ONE_THREAD})
         executed[notebook.name] = nb
     return out, executed
 
@@ -293,9 +296,20 @@ def _write_everything(student: dict, guided: dict, name: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def written_edition(tmp_path_factory):
+def editions(tmp_path_factory):
+    """Both Run All plays below, at once: each kernel on one torch thread, the two side by side on two cores (the
+    notebooks' Python runs on one core; one after the other they took twice as long)."""
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        written = pool.submit(_run_edition, tmp_path_factory.mktemp("course"), _write_everything)
+        stuck = pool.submit(_run_edition, tmp_path_factory.mktemp("stuck"), _write_all_but_the_final_class,
+                            allow_errors=True)
+        return {"written": written.result(), "stuck": stuck.result()}
+
+
+@pytest.fixture(scope="module")
+def written_edition(editions):
     """The student edition of 01 to 12 with every stub written (the guided solution), run in order."""
-    return _run_edition(tmp_path_factory.mktemp("course"), _write_everything)
+    return editions["written"]
 
 
 def test_run_all_works_from_01_to_12_on_the_learners_own_package(written_edition):
@@ -331,10 +345,10 @@ def _write_all_but_the_final_class(student: dict, guided: dict, name: str) -> No
 
 
 @pytest.fixture(scope="module")
-def stuck_edition(tmp_path_factory):
+def stuck_edition(editions):
     """01 to 12 with every step and exercise written but no final class: each is taken from the reference where its
     stubs are met (the line their errors suggest), and every notebook is run to the end, in order."""
-    return _run_edition(tmp_path_factory.mktemp("stuck"), _write_all_but_the_final_class, allow_errors=True)
+    return editions["stuck"]
 
 
 def test_a_learner_stuck_on_every_final_class_runs_every_notebook_on_the_reference(stuck_edition):
