@@ -176,7 +176,8 @@ def test_a_run_writes_the_adapter_metrics_and_the_accuracies(tiny, tmp_path, cap
     assert set(rows(out)[0]) == {"step", "loss", "exact_match", "lr", "grad_norm", "elapsed_s"}
     results = json.loads((out / tune.RESULTS).read_text())
     assert results["before"]["n"] == results["after"]["n"] == 4
-    err = capsys.readouterr().err
+    printed = capsys.readouterr()
+    err = printed.err
     assert "LoRA rank 2, alpha 4 on q_proj, output_proj, w1 (6 matrices)" in err
     assert "held-out exact match before: " in err
     config = json.loads((out / tune.ADAPTER_CONFIG).read_text())
@@ -188,6 +189,26 @@ def test_a_run_writes_the_adapter_metrics_and_the_accuracies(tiny, tmp_path, cap
         assert torch.equal(lora.lora_A, saved[f"{path}.lora_A"]) and torch.equal(lora.lora_B, saved[f"{path}.lora_B"])
         assert lora.lora_B.abs().max() > 0  # trained away from its zero start
     assert not list(out.glob("*.partial"))
+    # What it forgot: the loss per byte of the held-out plays, by the model as loaded and by the model with its adapter
+    # merged, computed here from the files the run wrote.
+    text = tune.PLAYS.read_text(encoding="utf-8")[:6_000]
+    base, tokenizer = load_gguf(tiny)
+    ids = torch.tensor(tokenizer.encode(text)[:1024]).view(4, 256)
+    nbytes = sum(len(tokenizer.vocab[i]) for i in ids[:, 1:].flatten().tolist())
+    for when, model in (("before", base), ("after", merged(tiny, out))):
+        with torch.no_grad():
+            nats = torch.nn.functional.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten(),
+                                                     reduction="sum").item()
+        assert results["plays_loss_per_byte"][when] == pytest.approx(nats / nbytes, rel=1e-5), when
+    assert results["plays_loss_per_byte"]["after"] != results["plays_loss_per_byte"]["before"]
+    assert "what it forgot: the loss on Shakespeare's held-out plays" in printed.out
+
+
+def merged(tiny: Path, out: Path) -> torch.nn.Module:
+    model, _ = load_gguf(tiny)
+    for lora in tune.load_adapter(model, out).values():
+        lora.merge()
+    return model
 
 
 @pytest.mark.parametrize("stop", [1, 3])

@@ -56,6 +56,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer_from_scratch import finetune
+from transformer_from_scratch._project import repo_root
 from transformer_from_scratch.config import setting_flag
 from transformer_from_scratch.pretrained import default_system
 from transformer_from_scratch.shapes import shape_checks
@@ -67,6 +68,7 @@ FORMAT = "transformer_from_scratch.tune/1"  # marks a checkpoint of this program
 CHECKPOINT, METRICS, RESULTS = "checkpoint.pt", "metrics.jsonl", "results.json"
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # peft's file names
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # adapter_config.json's base_model_name_or_path
+PLAYS = repo_root() / "notebooks" / "data" / "shakespeare" / "heldout.txt"  # what it forgot: plays_loss_per_byte
 EVAL_SEED = 15  # the held-out questions: the same for every run, whatever its --seed
 # Fixed parts of the recipe: a warm-up over the first tenth of the steps, the cosine down to a tenth of --lr, AdamW
 # without weight decay (the adapters start at B = 0: decay would only pull them back), gradients clipped at norm 1.
@@ -669,6 +671,19 @@ def grade(run: Run, when: str, progress: bool) -> int:
     return int(run.procs.sum(correct).item())
 
 
+@torch.no_grad()
+def plays_loss_per_byte(run: Run) -> float | None:
+    """What the fine-tune may have cost elsewhere: the model's loss, in nats per byte of text, on a fixed slice of
+    Shakespeare's held-out plays (notebook 11's: 4 rows of 256 tokens, as notebook 15 measures it), a kind of text no
+    fine-tune trains on. None where the plays are not at hand (the package without the repository)."""
+    if not PLAYS.is_file():
+        return None
+    ids = torch.tensor(run.tokenizer.encode(PLAYS.read_text(encoding="utf-8")[:6_000])[:4 * 256]).view(4, 256)
+    logits = run.model(ids[:, :-1].to(run.device)).float()
+    nats = nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten().to(run.device), reduction="sum")
+    return nats.item() / sum(len(run.tokenizer.vocab[i]) for i in ids[:, 1:].flatten().tolist())
+
+
 def _checkpoint(run: Run) -> dict[str, Any]:
     return dict(format=FORMAT, config=dataclasses.asdict(run.config), step=run.step,
                 adapter={f"{path}.{f}": getattr(m, f).detach().cpu() for path, m in run.loras.items()
@@ -746,17 +761,28 @@ def _finish(run: Run, progress: bool) -> dict[str, Any]:
         with adapters_off(run.loras):
             run.before = dict(correct=grade(run, "before", progress), n=len(run.held_out))
     grading_s = time.perf_counter() - began
-    results = dict(step=run.step, before=run.before, after=after, train_s=round(run.elapsed_s, 1),
+    with adapters_off(run.loras):
+        plays_before = plays_loss_per_byte(run)
+    plays = dict(before=plays_before, after=plays_loss_per_byte(run))
+    results = dict(step=run.step, before=run.before, after=after, plays_loss_per_byte=plays,
+                   train_s=round(run.elapsed_s, 1),
                    s_per_step=round(run.elapsed_s / run.step, 2), grading_s=round(grading_s, 1),
                    config=dataclasses.asdict(config), processes=run.procs.world, threads=torch.get_num_threads())
     if run.lead:
         (run.out_dir / RESULTS).write_text(json.dumps(results, indent=2) + "\n")
         print(f"held-out exact match ({after['n']} lists never trained on, teacher-forced, 95 % Wilson interval):\n"
-              f"  before {_accuracy(run.before)}\n  after  {_accuracy(after)}\n"
+              f"  before {_accuracy(run.before)}\n  after  {_accuracy(after)}\n" + _forgetting(plays) +
               f"{run.step} steps in {run.elapsed_s / 60:.1f} min ({run.elapsed_s / run.step:.1f} s a step; grading "
               f"{grading_s:.0f} s) | {run.out_dir / ADAPTER_CONFIG}, {ADAPTER_WEIGHTS} (peft's layout), {RESULTS} | "
               f"chat with it: `{chat_command(config)}`")
     return dict(results, stopped=False)
+
+
+def _forgetting(plays: dict) -> str:
+    if plays["before"] is None:
+        return ""
+    return (f"what it forgot: the loss on Shakespeare's held-out plays, {plays['before']:.3f} nats per byte before, "
+            f"{plays['after']:.3f} after\n")
 
 
 def resume_command(config: TuneConfig) -> str:
