@@ -95,7 +95,7 @@ $(WEIGHTS_FILE): | $(STAMP)
 chat: $(STAMP) $(WEIGHTS_FILE) ## Chat with SmolLM2-135M-Instruct running in the course's code (PROMPT="..." for one reply; CHAT_ARGS="--dtype bfloat16 --package my_transformer ...")
 	$(BIN)/python -m transformer_from_scratch.chat $(if $(PROMPT),--prompt "$(PROMPT)",) $(CHAT_ARGS)
 
-finetune: $(STAMP) $(WEIGHTS_FILE) ## LoRA-fine-tune SmolLM2 to reverse lists into build/finetune/, peft's adapter layout (FINETUNE_ARGS="--steps 30", "--resume", ...; then make chat CHAT_ARGS="--adapter build/finetune")
+finetune: $(STAMP) $(WEIGHTS_FILE) ## LoRA-fine-tune SmolLM2 to reverse lists into build/finetune/ (5 min on 2 cores), peft's adapter layout (FINETUNE_ARGS="--steps 30", "--resume", ...; then make chat CHAT_ARGS="--adapter build/finetune")
 	$(BIN)/python -m transformer_from_scratch.tune $(FINETUNE_ARGS)
 
 
