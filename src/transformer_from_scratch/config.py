@@ -213,20 +213,26 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
 
 # ---------------------------------------------------------------- reading a checkpoint, once
 
+def load_checkpoint_file(path: Path, verb: str) -> Any:
+    """torch.load of a --resume checkpoint onto the CPU (weights only), or SystemExit: no file (`verb` without
+    --resume first), or one torch cannot read. make train's and make finetune's; each then checks its own format."""
+    if not path.is_file():
+        raise SystemExit(f"--resume: no checkpoint at {path} ({verb} without --resume first, or give its --out-dir)")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # a truncated zip, a file torch.save never wrote, a pickle with code in it
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise SystemExit(f"{path} is not a readable checkpoint (truncated or not written by torch.save): "
+                         f"{first}") from None
+
+
 def read_run_checkpoint(path: Path) -> dict:
     """A checkpoint of this script, read onto the CPU, or SystemExit naming what does not fit.
 
     The only torch.load of a run or a sampling session: the weights, the optimizer's state and the extra entries are
     all taken from the dict it returns.
     """
-    if not path.is_file():
-        raise SystemExit(f"--resume: no checkpoint at {path} (train without --resume first, or give its --out-dir)")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # a truncated zip, a file torch.save never wrote, a pickle with code in it
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise SystemExit(f"{path} is not a readable checkpoint (truncated or not written by torch.save): "
-                         f"{first}") from None
+    checkpoint = load_checkpoint_file(path, "train")
     extra = checkpoint.get("extra") if isinstance(checkpoint, dict) else None
     if not isinstance(extra, dict) or extra.get("format") != FORMAT:
         raise SystemExit(f"{path} is not a checkpoint of transformer_from_scratch.train: it has no "

@@ -57,7 +57,7 @@ from torch import Tensor, nn
 
 from transformer_from_scratch import finetune
 from transformer_from_scratch._project import repo_root
-from transformer_from_scratch.config import setting_flag
+from transformer_from_scratch.config import load_checkpoint_file, setting_flag
 from transformer_from_scratch.pretrained import default_system
 from transformer_from_scratch.shapes import shape_checks
 from transformer_from_scratch.train import (_make, _Processes, _process_group, _read_lines, _stop_requests,
@@ -507,15 +507,7 @@ def set_up(config: TuneConfig, checkpoint: dict | None, procs: _Processes, devic
 
 def read_tune_checkpoint(path: Path) -> dict:
     """A checkpoint of this program, read onto the CPU, or SystemExit naming what is wrong with it."""
-    if not path.is_file():
-        raise SystemExit(f"--resume: no checkpoint at {path} (fine-tune without --resume first, or give its "
-                         f"--out-dir)")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # a truncated zip, a file torch.save never wrote, a pickle with code in it
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise SystemExit(f"{path} is not a readable checkpoint (truncated or not written by torch.save): "
-                         f"{first}") from None
+    checkpoint = load_checkpoint_file(path, "fine-tune")
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
         raise SystemExit(f"{path} is not a checkpoint of transformer_from_scratch.tune: it has no format "
                          f"{FORMAT!r} (make train's, or another program's?)")
