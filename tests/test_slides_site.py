@@ -268,6 +268,109 @@ def test_a_new_notebook_gets_its_deck_for_free(tmp_path):
     assert 'alt="No description' not in html and re.search(r'<img [^>]*alt="[^"]+"', html)
 
 
+def _state_layers(deck: str) -> list[dict]:
+    """The layers of a deck's stacks of preset states: each its class, style, image attributes and caption."""
+    from html.parser import HTMLParser
+
+    layers: list[dict] = []
+
+    class Layers(HTMLParser):
+        caption = False
+
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            if tag == "div" and "course-state" in attrs.get("class", "").split():
+                layers.append({"class": attrs["class"], "style": attrs.get("style"), "caption": ""})
+            elif tag == "img" and layers and "img" not in layers[-1]:
+                layers[-1]["img"] = attrs
+            elif tag == "p" and layers and "img" in layers[-1] and not layers[-1]["caption"]:
+                self.caption = True
+
+        def handle_endtag(self, tag):
+            self.caption = self.caption and tag != "p"
+
+        def handle_data(self, data):
+            if self.caption:
+                layers[-1]["caption"] += data
+
+    Layers(convert_charrefs=True).feed(deck)
+    return layers
+
+
+def test_a_widgets_preset_states_are_fragments_over_its_figure(tmp_path):
+    """Issue 39: a deck has no kernel, so a control becomes the states the notebook stored (interactive_figure(
+    states=...)): over the default figure, one fragment each, each with its sentence, listed in the speaker notes;
+    the site keeps them folded under the figure."""
+    from transformer_from_scratch.nbtools import interactive
+
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    widget = nbformat.v4.new_output("display_data", data={
+        WIDGET_VIEW: {"model_id": "", "version_major": 2, "version_minor": 0},
+        "text/plain": "[controls: width; run the notebook to move them]"})
+    default = nbformat.v4.new_output("display_data", data={"image/png": _figure_png(6, 3), "text/plain": "<Figure>"})
+    sentences = ["Wider: the bars spread out.", "Narrow: the bars & the gaps shrink."]
+    figures = []
+    for width in (7, 5):  # bbox_inches="tight" makes each state's PNG its own size
+        figure = matplotlib.figure.Figure(figsize=(width, 3))
+        figure.add_subplot().set_title(f"width {width}")
+        figures.append(figure)
+    bundle, metadata = interactive.states_bundle(figures, [({"width": 7}, sentences[0]), ({"width": 5}, sentences[1])])
+    states = nbformat.v4.new_output("display_data", data=bundle, metadata=metadata)
+    nb = nbformat.v4.new_notebook(cells=[
+        md("# 12 · Bars: wide and narrow\n\nA promise."),
+        md("## See it\n\n### Now you drive: the width\n\nThe width sets how far apart the bars are."),
+        code("interactive_figure(draw, width=w)", outputs=[widget, default, states]),
+        md("## Recap and next\n\n* It spreads."),
+    ])
+    path = tmp_path / "12_bars.ipynb"
+    nbformat.write(nb, path)
+
+    deck = slides.deck(path)
+    layers = _state_layers(deck)
+    assert [(layer["class"], layer["caption"]) for layer in layers] == [
+        ("course-state", "\xa0"), ("course-state fragment", sentences[0]), ("course-state fragment", sentences[1])], \
+        "the default first, then each state a fragment with its sentence"
+    assert layers[0]["img"]["src"].endswith(default["data"]["image/png"])
+    assert layers[2]["img"]["alt"] == sentences[1] and all("data-text-px" in layer["img"] for layer in layers)
+    assert len({layer["style"] for layer in layers}) == 1, "every layer as large as the largest: each covers the last"
+    box = int(re.search(r"width:(\d+)px", layers[0]["style"])[1])
+    widths = [int(layer["img"]["width"]) for layer in layers]
+    assert box == max(max(widths), slides.STATE_MIN_WIDTH), "the widest image fills the box, wide enough for the caption"
+    assert widths[1] > widths[0] > widths[2], "each image at its own size"
+    notes = re.findall(r'<aside class="notes">(.*?)</aside>', deck, re.DOTALL)
+    assert any("Step through the figure" in n and re.search(r"<li>\s*Wider: the bars spread out.", n) for n in notes)
+    assert "Interactive in the notebook" not in re.sub(r'<aside class="notes">.*?</aside>', "", deck, flags=re.DOTALL), \
+        "the controls' note leaves the slide its room"
+    assert any("Interactive in the notebook: width. Here, the figure for their default values, then for 2 other "
+               "settings." in n for n in notes), "the speaker notes name the controls"
+
+    page = site.notebook_page(web.Page.of(path), [web.Page.of(path)])
+    assert '<details class="course-states">' in page and page.count("<figcaption>") == 2, "the site keeps them folded"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem[:2])
+def test_every_widget_gives_the_deck_states_to_step_through(notebook):
+    """A widget in a deck is its figure at two or three preset states, each with the sentence that says what
+    changed: every widget a notebook stores carries them (interactive_figure(states=...)), new notebooks too."""
+    nb = nbformat.read(notebook, as_version=4)
+    widgets = 0
+    for cell in nb.cells:
+        outputs = cell.get("outputs", [])
+        if not any(WIDGET_VIEW in o.get("data", {}) and "".join(o["data"].get("text/plain", "")).startswith("[controls:")
+                   for o in outputs):
+            continue  # not interactive_figure's controls (a chat box, a progress bar)
+        widgets += 1
+        stored = [o.metadata["course"]["states"] for o in outputs if o.get("metadata", {}).get("course", {}).get("states")]
+        first_line = cell.source.strip().splitlines()[-1][:60]
+        assert stored, f"a widget with no preset states for the deck: {first_line}"
+        assert 2 <= len(stored[0]) <= 3, f"{len(stored[0])} preset states (two or three): {first_line}"
+        sentences = [state["sentence"] for state in stored[0]]
+        assert all(s.rstrip().endswith(".") and len(s) <= 200 for s in sentences), \
+            f"each state a sentence that fits under its figure: {sentences}"
+    if "interactive_figure(" in "\n".join(c.source for c in nb.cells if c.cell_type == "code"):
+        assert widgets, "a notebook that calls interactive_figure stores its widget"
+
+
 def test_notebook_only_sentences_are_left_out_of_slides():
     assert slides.for_slides("Try each one before you open its hints; answers to the questions sit in collapsed "
                              "blocks.") == ""

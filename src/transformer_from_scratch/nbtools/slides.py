@@ -49,7 +49,9 @@ follows and sets ``metadata.slideshow.slide_type`` on a copy (the notebook file 
 * The final class's first cell (its task) stays in the lecture; where its lists (how the class is written) would
   take more than a slide, they move to the appendix under a heading of their own. Pitfalls listed on one slide get
   a full sentence each and, where there is room, the sentence that gives the fix.
-* A widget's controls become a one-line note naming them, above the default figure the notebook stored.
+* A widget's controls become a one-line note naming them, above the default figure the notebook stored. Where it
+  stored preset states (``interactive_figure(states=...)``), they follow over that figure instead, one fragment
+  each, each with its sentence below it; the speaker notes list them and name the controls.
 
 Keys in a deck (reveal.js's linear navigation): → ↓ Space PageDown (a clicker's keys) the next fragment or slide,
 sub-slides included (a section is always entered at its top, even after a jump back), ← ↑ PageUp back one,
@@ -76,7 +78,7 @@ from nbconvert.exporters import SlidesExporter
 from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool
 
-from . import web
+from . import interactive, web
 from .web import REPO, TEMPLATES, FigureAlt, Page, WidgetNote, copy_assets, notebook_link, notebooks, rewrite_links
 
 DEFAULT_OUT = REPO / "build" / "slides"
@@ -635,6 +637,67 @@ def _cut_text(outputs: list) -> list:
     return kept
 
 
+# --- A widget's preset states (interactive_figure(states=...)): fragments over its default figure ---------------
+
+STATE_CAPTION = (25, 9.6)  # (pixels per line, pixels per character): templates/static/slides.css .course-state p
+STATE_MIN_WIDTH = 1000  # a layer is at least this wide, so that a narrow figure's sentence wraps as estimated
+_STATE_IMAGE = re.compile(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+
+
+def _take_states(outputs: list) -> tuple[list[dict], list]:
+    """The preset states a widget's cell stored (each its PNG, size and sentence), and the outputs without them."""
+    for output in outputs:
+        meta = output.get("metadata", {}).get("course", {}).get(interactive.STATES)
+        if meta:
+            images = _STATE_IMAGE.findall("".join(output["data"]["text/html"]))
+            if len(images) != len(meta):
+                raise ValueError(f"a widget's preset states: {len(meta)} sentences but {len(images)} images")
+            states = []
+            for image, state in zip(images, meta):
+                width, height, _ = _png_info(base64.b64decode(image))
+                states.append({"png": image, "width": width, "height": height, "sentence": state["sentence"]})
+            return states, [o for o in outputs if o is not output]
+    return [], outputs
+
+
+def _states_caption_height(states: list[dict], width: float) -> int:
+    """The room the states' sentences take below a figure ``width`` pixels wide on the slide: the longest one."""
+    chars = max(width, STATE_MIN_WIDTH) / STATE_CAPTION[1]
+    lines = max((math.ceil(len(s["sentence"]) / chars) for s in states), default=0)
+    return int(STATE_CAPTION[0] * lines) + 8 if states else 0
+
+
+def _shown_width(figure: Figure) -> float:
+    """About how wide a figure is on its slide (its text at MIN_TEXT_PX, clear of the controls)."""
+    return min(figure.width * figure.min_scale, CLEAR_WIDTH)
+
+
+def _stack_states(output, figure: Figure) -> None:
+    """Give a widget's default figure, sized for its page, reveal.js's stack (``metadata.course.stack``, which the
+    deck's template shows in the figure's place): the default, then each preset state over it, one fragment each,
+    with its sentence below. Each layer is as large as the largest image, on white, so that it covers the one
+    before."""
+    states = output.metadata["course"].pop(interactive.STATES)
+    size = output.metadata["image/png"]
+    scale = size["width"] / figure.width
+    box_w, box_h = max(size["width"], STATE_MIN_WIDTH), size["height"]
+    caption_h = _states_caption_height(states, box_w)
+    default_w, default_h, _ = _png_info(_png(output))
+    alt = output.metadata["course"].get("alt", "Figure")
+    text_px = output.metadata["course"].get("text_px")
+    data = f' data-text-px="{text_px}"' if text_px else ""
+
+    def layer(png: str, width: int, height: int, text: str, alt: str, extra: str = "") -> str:
+        return (f'<div class="course-state{extra}" style="width:{box_w}px;height:{box_h + caption_h}px">'
+                f'<img src="data:image/png;base64,{png}" alt="{html.escape(alt)}" width="{round(width * scale)}" '
+                f'height="{round(height * scale)}"{data}><p>{html.escape(text) or "&nbsp;"}</p></div>')
+
+    layers = [layer(output.data["image/png"], default_w, default_h, "", alt)]
+    layers += [layer(s["png"], s["width"], s["height"], s["sentence"], s["sentence"], " fragment") for s in states]
+    # The output stays a PNG (the figure, for everything that counts figures); the deck's template shows the stack.
+    output.metadata["course"]["stack"] = f'<div class="r-stack course-states">{"".join(layers)}</div>'
+
+
 def _outputs_height(outputs: list) -> int:
     """The height of the outputs that are not PNG figures."""
     height = 0.0
@@ -707,16 +770,31 @@ def _code_pieces(cell, section: str, functions: dict, solutions: bool, previous:
     pngs = [o for o in outputs if "image/png" in o.get("data", {})]
     if pngs:
         font = smallest_font_pt(source, functions)
+        states, outputs = _take_states(outputs)
         figures = []
         for output in pngs:
             width, height, dpi = _png_info(_png(output))
+            if states and output is pngs[-1]:  # the widget's default figure: its preset states go on top of it
+                output.setdefault("metadata", {}).setdefault("course", {})[interactive.STATES] = states
+                width, height = max(width, *(s["width"] for s in states)), max(height, *(s["height"] for s in states))
             figures.append(Figure(output, width, height, font * dpi / 72, dpi))
         code = _code_height(shown) if short else 0
         others = [o for o in outputs if o not in pngs]
         suptitles, _ = web.figure_titles(source, functions)
-        title = suptitles[0] if len(suptitles) == 1 and "…" not in suptitles[0] else None
+        title = suptitles[0] if len(suptitles) == 1 and "…" not in suptitles[0] and not states else None
+        if states:
+            # The controls' note goes to the speaker notes: the slide's room is the figure's and its sentences'.
+            widget_notes = [o for o in outputs if "course-widget-note" in "".join(o.get("data", {}).get("text/html", ""))]
+            outputs = [o for o in outputs if o not in widget_notes]
+            controls = " ".join(_plain(html.unescape("".join(o.data["text/html"]))) for o in widget_notes)
+            steps = "\n".join(f"{n}. {s['sentence']}" for n, s in enumerate(states, 1))
+            notes = [Piece(nbformat.v4.new_markdown_cell(
+                f"**Step through the figure** (one key press each, after the default):\n\n{steps}\n\n{controls}"),
+                "notes")] + notes
+            others = [o for o in others if o not in widget_notes]
         return _figure_pieces(_code_cell(shown, outputs, hide_source=not short), figures, code,
-                              _outputs_height(others), title) + notes
+                              _outputs_height(others) + _states_caption_height(states, _shown_width(figures[-1])),
+                              title) + notes
     out_height = _outputs_height(outputs)
     if short and outputs and _code_height(shown) + out_height > SWAP_ABOVE:
         # Tall: the code, then its output below it or, where the page is short of room, in its place.
@@ -811,6 +889,8 @@ def _image_output(png: bytes, original) -> nbformat.NotebookNode:
 def _rows_of_panels(figure: Figure, caption: bool = False) -> list[list[Figure]] | None:
     """The figure cut into rows of its panels, as many in a row as fit at about the scale its text needs; None
     when it has one panel or reads well enough whole."""
+    if interactive.STATES in figure.output.get("metadata", {}).get("course", {}):
+        return None  # a widget's default figure with its preset states over it stays whole
     needed = MIN_TEXT_PX / figure.text_px
     floor = FLOOR_TEXT_PX / figure.text_px
     whole = min(needed, FIGURE_MAX_WIDTH / figure.width, TITLE_FIGURE_ROOM / figure.height)
@@ -1061,6 +1141,8 @@ def _fragment_cells(page: list[Piece], heading_height: int) -> list[nbformat.Not
             f.output.setdefault("metadata", {})["image/png"] = {"width": round(f.width * scale),
                                                                 "height": round(f.height * scale)}
             f.output.metadata.setdefault("course", {})["text_px"] = round(f.text_px, 2)
+            if interactive.STATES in f.output.metadata["course"]:
+                _stack_states(f.output, f)
     cells = []
     after_figure = False
     for piece in page:

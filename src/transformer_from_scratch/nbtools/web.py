@@ -207,15 +207,19 @@ def widget_controls(output: dict) -> str:
 
 
 class WidgetNote(Preprocessor):
-    """Replace each saved widget view by a note that names its controls; the default figure stays."""
+    """Replace each saved widget view by a note that names its controls; the default figure stays, and so do the
+    preset states the cell stored (``interactive_figure(states=...)``), which the note counts."""
 
     def preprocess_cell(self, cell, resources, index):
+        states = next((len(o.metadata["course"]["states"]) for o in cell.get("outputs", [])
+                       if o.get("metadata", {}).get("course", {}).get("states")), 0)
+        others = f", then for {states} other settings" if states else ""
         for i, output in enumerate(cell.get("outputs", [])):
             if WIDGET_VIEW in output.get("data", {}):
                 controls = widget_controls(output)
                 named = f": <b>{html.escape(controls)}</b>" if controls else ""
                 note = (f'<p class="course-widget-note">Interactive in the notebook{named}. '
-                        "Here, the figure for their default values.</p>")
+                        f"Here, the figure for their default values{others}.</p>")
                 cell.outputs[i] = nbformat.v4.new_output("display_data", data={"text/html": note})
         return cell, resources
 
