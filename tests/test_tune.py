@@ -4,6 +4,7 @@ processes under torchrun against one, and `make chat --adapter`. On notebook 14'
 context of 512, as a question of the task needs): each run takes a second or two."""
 
 import json
+import random
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from transformer_from_scratch import chat as chat_cli
+from transformer_from_scratch import finetune
 from transformer_from_scratch import tune
 from transformer_from_scratch.checks import _tiny_gguf
 from transformer_from_scratch.finetune import apply_lora
@@ -66,6 +68,27 @@ def with_random_adapter(tiny: Path, targets=ALL, rank: int = 4, seed: int = 0):
         with torch.no_grad():
             lora.lora_B.normal_(std=0.1)
     return model, tokenizer
+
+
+def test_the_steps_logits_are_the_models_at_the_replies_positions(tiny):
+    """make finetune's step runs the LM head on the counted positions only: the same logits as the whole model's
+    there, and a loss and gradients equal to the full forward's."""
+    model, tokenizer = with_random_adapter(tiny)
+    examples = [finetune.encode_example(tokenizer, *finetune.reverse_task(random.Random(k), split="train"), None)
+                for k in range(3)]
+    ids, targets = finetune.pad_batch(examples, 0)
+    counted = targets != finetune.IGNORE
+    assert 0 < counted.sum() < counted.numel()
+    ours = tune.reply_logits(model, ids, counted)
+    full = model(ids)
+    torch.testing.assert_close(ours, full[counted], rtol=1e-5, atol=1e-5)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    grads = []
+    for loss in (finetune.masked_cross_entropy(ours[None], targets[counted][None]),
+                 finetune.masked_cross_entropy(full, targets)):
+        grads.append(torch.autograd.grad(loss, trained))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 # ---------------------------------------------------------------- the adapter files

@@ -781,7 +781,11 @@ def measure_finetune(row: str, mode: str) -> dict:
         tfs.set_shape_checks(False)
         if mode == "lora":
             finetune.apply_lora(model, FINETUNE["targets"], FINETUNE["rank"], FINETUNE["alpha"])
-        loss_of = lambda: finetune.masked_cross_entropy(model(ids), targets)  # noqa: E731
+        from transformer_from_scratch.tune import reply_logits
+
+        counted = targets != finetune.IGNORE  # make finetune's step: the LM head on the replies' positions only
+        loss_of = lambda: finetune.masked_cross_entropy(reply_logits(model, ids, counted)[None],  # noqa: E731
+                                                        targets[counted][None])
         clip, make_adamw = gradient_clipping, AdamW
     else:
         from transformers import AutoModelForCausalLM
