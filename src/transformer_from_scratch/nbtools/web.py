@@ -29,6 +29,7 @@ import nbformat
 from nbconvert.preprocessors import Preprocessor
 
 from .._project import repo_root
+from .interactive import STATES
 
 REPO = repo_root()
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -211,8 +212,8 @@ class WidgetNote(Preprocessor):
     preset states the cell stored (``interactive_figure(states=...)``), which the note counts."""
 
     def preprocess_cell(self, cell, resources, index):
-        states = next((len(o.metadata["course"]["states"]) for o in cell.get("outputs", [])
-                       if o.get("metadata", {}).get("course", {}).get("states")), 0)
+        states = next((len(o.metadata["course"][STATES]) for o in cell.get("outputs", [])
+                       if o.get("metadata", {}).get("course", {}).get(STATES)), 0)
         others = f", then for {states} other settings" if states else ""
         for i, output in enumerate(cell.get("outputs", [])):
             if WIDGET_VIEW in output.get("data", {}):
