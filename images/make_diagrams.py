@@ -55,6 +55,7 @@ TITLES = {
     "tokenizer": "Where the tokenizer sits: text in, token ids out",
     "pretrained": "Real weights: every part, and the tokenizer, from one file",
     "finetune": "LoRA: a trainable low-rank update beside q_proj and v_proj",
+    "fast_decode": "Decoding: every matrix read once a token; q/k/v and w1/w3 fused",
 }
 KEYS = [k for k in TITLES if k is not None]
 
@@ -66,6 +67,8 @@ FFN = ("swiglu", "transformer_block")
 # Fine-tuning (notebook 15) lights the two Linears LoRA adapts, and the attention that holds them; the rest is frozen.
 LORA = ("finetune",)
 LORA_TARGETS = ("q_proj", "v_proj")
+# Fast decoding (notebook 16) lights every matrix a step reads in full; these are fused into two products a block.
+FUSED = ("q_proj", "k_proj", "v_proj", "w1", "w3")
 
 # ---------------------------------------------------------------------------
 # Colours and fonts.  A white background keeps it readable in dark themes.
@@ -307,6 +310,8 @@ ZOOMS = [("attn", "mha"), ("ffn", "swi")]
 
 
 def is_lit(keys: tuple[str, ...], highlight: str | None) -> bool:
+    if highlight == "fast_decode":  # notebook 16: the matrices a decode step reads in full, lm_head included
+        return "linear" in keys
     return highlight in ("transformer_lm", "pretrained") or (highlight is not None and highlight in keys)
 
 
@@ -328,6 +333,8 @@ def text(ax, x, y, s, color, size=FS_LABEL, **kw):
 def draw_node(ax, node: Node, highlight: str | None) -> None:
     if highlight == "finetune" and node.name in LORA_TARGETS:  # LoRA's update, beside the frozen weight
         node = Node(node.name, node.kind, node.x, node.y, node.w, node.h, f"{node.sub}", "+ (α/r)·B A", node.keys)
+    if highlight == "fast_decode" and node.name in FUSED:  # one product for q, k, v; one for w1, w3
+        node = Node(node.name, node.kind, node.x, node.y, node.w, node.h, node.sub, node.label + " · fused", node.keys)
     st = style(node, highlight)
     x0, y0 = node.x - node.w / 2, node.y - node.h / 2
     if node.kind in ("box", "frame", "panel"):

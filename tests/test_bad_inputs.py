@@ -20,6 +20,10 @@ from jaxtyping import TypeCheckError
 
 from torch import nn
 
+from transformer_from_scratch.fast_decode import (FusedMatmul, FusedSelfAttention, FusedSwiGLU, Int8Linear,
+                                                  column_major, copy_bandwidth, decode_bytes, faster_layout,
+                                                  fuse_weights, int8_matmul, prepare_for_decode, quantize_int8,
+                                                  split_qkv)
 from transformer_from_scratch import (LoRALinear, apply_lora, assistant_targets, encode_example, exact_match, held_out,
                                       lora_delta, masked_cross_entropy, pad_batch, reverse_task, wilson_interval)
 from transformer_from_scratch import (
@@ -87,6 +91,12 @@ class Raises:
 def case(name: str, call, on: Raises, off: Raises | None = None):
     """One row of the matrix: `call()` builds the component and makes the bad call; `off` defaults to `on`."""
     return pytest.param(call, on, on if off is None else off, id=name)
+
+
+def gap(name: str, call, on: Raises, reason: str, off: Raises | None = None):
+    """A row whose refusal is still missing: the error it should raise, expected to fail (xfail) until it does."""
+    return pytest.param(call, on, on if off is None else off, id=name,
+                        marks=pytest.mark.xfail(strict=False, reason=f"gap: {reason}"))
 
 
 def TCE(*phrases: str) -> Raises:
@@ -584,6 +594,55 @@ FINETUNE_CASES = [
          Raises(ValueError, "wilson_interval: need ints 0 <= correct <= n and n >= 1", "correct=5, n=4")),
 ]
 CASES += FINETUNE_CASES
+
+# Notebook 16's public names (transformer_from_scratch.fast_decode).
+FAST_DECODE_CASES = [
+    case("decode_bytes-negative-cache-length", lambda: decode_bytes(lm(), -1),
+         Raises(ValueError, "decode_bytes: cache_length must be an int >= 0", "got -1")),
+    case("decode_bytes-float-cache-length", lambda: decode_bytes(lm(), 2.5),
+         Raises(ValueError, "decode_bytes: cache_length must be an int >= 0", "got 2.5")),
+    case("column_major-1d", lambda: column_major(randn(4)),
+         Raises(ValueError, "column_major: a (d_out, d_in) matrix", "got shape (4,)")),
+    case("fuse_weights-d_in-differs", lambda: fuse_weights(Linear(4, 3), Linear(5, 3)),
+         Raises(ValueError, "fuse_weights: one or more linears with the same d_in", "[(3, 4), (3, 5)]")),
+    case("fuse_weights-none", lambda: fuse_weights(),
+         Raises(ValueError, "fuse_weights: one or more linears with the same d_in", "got weights of shapes []")),
+    case("split_qkv-indivisible", lambda: split_qkv(randn(2, 3, 10), 4, 2),
+         Raises(ValueError, "split_qkv: the last dimension must be (num_heads + 2·num_kv_heads)·d_k",
+                "got 10 with num_heads=4, num_kv_heads=2")),
+    case("quantize_int8-3d", lambda: quantize_int8(randn(2, 3, 4)),
+         Raises(ValueError, "quantize_int8: a floating-point (d_out, d_in) matrix", "shape (2, 3, 4)")),
+    case("quantize_int8-integer", lambda: quantize_int8(torch.zeros(3, 4, dtype=torch.long)),
+         Raises(ValueError, "quantize_int8: a floating-point (d_out, d_in) matrix", "got torch.int64")),
+    case("prepare_for_decode-not-a-model", lambda: prepare_for_decode(Linear(4, 3)),
+         Raises(TypeError, "prepare_for_decode: a TransformerLM", "got Linear")),
+    case("prepare_for_decode-threads-0", lambda: prepare_for_decode(lm(), threads=0),
+         Raises(ValueError, "prepare_for_decode: threads must be an int >= 1 or None", "got 0")),
+    case("prepare_for_decode-threads-float", lambda: prepare_for_decode(lm(), threads=1.5),
+         Raises(ValueError, "prepare_for_decode: threads must be an int >= 1 or None", "got 1.5")),
+    case("prepare_for_decode-layout", lambda: prepare_for_decode(lm(), layout="cols"),
+         Raises(ValueError, "prepare_for_decode: layout must be one of ('auto', 'columns', 'rows')", "got 'cols'")),
+    case("copy_bandwidth-no-repeats", lambda: copy_bandwidth(1024, repeats=0),
+         Raises(ValueError, "copy_bandwidth: nbytes >= 4 and repeats >= 1", "repeats=0")),
+    case("Int8Linear-3d-weight", lambda: Int8Linear(randn(2, 3, 4)),
+         Raises(ValueError, "quantize_int8: a floating-point (d_out, d_in) matrix", "shape (2, 3, 4)")),
+    case("FusedSelfAttention-wrong-last-dim", lambda: FusedSelfAttention(mha())(randn(2, 5, 12)),
+         Raises(ValueError, "expected x of shape (..., seq, 16)", "got shape (2, 5, 12)")),
+    case("FusedSelfAttention-sequence-too-long", lambda: FusedSelfAttention(mha())(randn(2, 9, D_MODEL)),
+         Raises(ValueError, "the sequence has 9 tokens", "max_seq_len=8")),
+    case("Int8Linear-wrong-last-dim", lambda: Int8Linear(randn(3, 4))(randn(2, 5)),
+         Raises(ValueError, "Int8Linear: expected x of shape (..., 4)", "got shape (2, 5)")),
+    case("FusedSwiGLU-wrong-last-dim", lambda: FusedSwiGLU(SwiGLU(D_MODEL, D_FF))(randn(2, 12)),
+         Raises(ValueError, "FusedSwiGLU: expected x of shape (..., 16)", "got shape (2, 12)")),
+    case("FusedMatmul-wrong-last-dim", lambda: FusedMatmul(randn(3, 4))(randn(2, 5)),
+         Raises(ValueError, "FusedMatmul: expected x of shape (..., 4)", "got shape (2, 5)")),
+    case("faster_layout-1d", lambda: faster_layout(randn(4)),
+         Raises(ValueError, "faster_layout: a (d_out, d_in) matrix", "got shape (4,)")),
+    case("int8_matmul-wrong-d_in", lambda: int8_matmul(randn(2, 5), torch.zeros(3, 4, dtype=torch.int8), torch.ones(3)),
+         TCE("int8_matmul: q is i8[3,4]", "d_in=5"),
+         off=Raises(ValueError, "int8_matmul: expected x of shape (..., 4)", "got shape (2, 5)")),
+]
+CASES += FAST_DECODE_CASES
 
 
 @pytest.mark.parametrize("checks", [True, False], ids=["checks-on", "checks-off"])

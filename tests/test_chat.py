@@ -272,3 +272,141 @@ def test_the_decode_runs_on_the_free_cores_by_default_and_main_puts_torchs_back(
 @pytest.mark.parametrize("cores, load, threads", [(2, 0.3, 2), (2, 1.0, 1), (2, 3.7, 1), (8, 2.4, 6), (4, 0.0, 4)])
 def test_the_default_threads_are_the_cores_less_the_load(cores, load, threads):
     assert chat_cli.free_cores(cores, load) == threads
+
+
+# ---------------------------------------------------------------- the fast decode (prepare_for_decode) and its flags
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """notebook 14's tiny random GGUF file (milliseconds to load), with a context of 512 tokens: the chat prompt fits."""
+    from transformer_from_scratch.checks import _tiny_gguf
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(_tiny_gguf.SIZES, "context_length", 512)
+        return _tiny_gguf.write_tiny_gguf(tmp_path_factory.mktemp("weights") / "tiny.gguf")
+
+
+@pytest.fixture
+def chatted(monkeypatch):
+    """The models that main chats with (a Session spy)."""
+    seen = []
+
+    class Spy(chat_cli.Session):
+        def __init__(self, pretrained, model, tokenizer, args):
+            seen.append(model)
+            super().__init__(pretrained, model, tokenizer, args)
+
+    monkeypatch.setattr(chat_cli, "Session", Spy)
+    return seen
+
+
+def reply(tiny, capsys, *flags, package="transformer_from_scratch"):
+    code = chat_cli.main(["--weights", str(tiny), "--prompt", "Hello", "--max-new-tokens", "12", "--threads", "1",
+                          "--package", package, *flags])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out, err
+
+
+def is_plain(model) -> bool:
+    from transformer_from_scratch.linear import Linear
+    from transformer_from_scratch.multihead_attention import MultiHeadSelfAttention
+    from transformer_from_scratch.swiglu import SwiGLU
+
+    return (all(type(block.attn) is MultiHeadSelfAttention and type(block.ffn) is SwiGLU for block in model.layers)
+            and type(model.lm_head) is Linear and model.lm_head.weight is model.token_embeddings.weight)
+
+
+def test_the_default_prepares_the_model_for_decoding_and_no_fast_leaves_it_plain(tiny, chatted, capsys):
+    """make chat decodes with prepare_for_decode's fused, column-major matrices: the same greedy reply as the plain
+    model of --no-fast."""
+    from transformer_from_scratch.fast_decode import FusedSelfAttention, FusedSwiGLU
+
+    fast, fast_err = reply(tiny, capsys)
+    plain, plain_err = reply(tiny, capsys, "--no-fast")
+    prepared, loaded = chatted
+    assert all(isinstance(block.attn, FusedSelfAttention) and isinstance(block.ffn, FusedSwiGLU)
+               for block in prepared.layers)
+    assert prepared.lm_head.weight.T.is_contiguous()  # column-major, still the embedding table's memory
+    assert prepared.lm_head.weight.data_ptr() == prepared.token_embeddings.weight.data_ptr()
+    assert is_plain(loaded)
+    assert fast == plain and fast.strip()
+    assert "decoding on 1 thread with fused matrices (prepare_for_decode)" in fast_err
+    assert "decoding on 1 thread with the plain model (--no-fast)" in plain_err
+
+
+def test_int8_quantizes_every_matrix(tiny, chatted, capsys):
+    from transformer_from_scratch.fast_decode import Int8Linear
+
+    out, err = reply(tiny, capsys, "--int8")
+    model, = chatted
+    assert isinstance(model.lm_head, Int8Linear)
+    assert all(isinstance(block.attn.qkv, Int8Linear) and isinstance(block.ffn.w13, Int8Linear)
+               for block in model.layers)
+    assert "with int8 weights (prepare_for_decode)" in err and out.strip()
+    loaded, _ = pretrained.load_gguf(tiny)  # the load line counts the parameters as loaded (int8's are buffers)
+    assert f"{sum(p.numel() for p in loaded.parameters()) / 1e6:.1f} M parameters, float32" in err
+
+
+def test_int8_and_no_fast_together_are_refused_before_the_load(monkeypatch, capsys):
+    def load(*args, **kwargs):
+        raise AssertionError("loaded before the flags were checked")
+
+    monkeypatch.setattr(pretrained, "load_gguf", load)
+    assert chat_cli.main(["--int8", "--no-fast", "--prompt", "Hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("chat: --int8 and --no-fast") and err.count("\n") == 1
+
+
+# A learner's fast_decode (notebook 16, student edition) whose prepare_for_decode is not written yet, and one that
+# prepares but whose FusedSwiGLU.forward is still a stub: the model is left (or put back) as loaded.
+STUB_AT_PREPARE = """
+def prepare_for_decode(model, *, fuse=True, int8=False, threads=None):
+    raise NotImplementedError("FusedSelfAttention.__init__ is not written yet: write it in notebook 16")
+"""
+STUB_IN_FORWARD = """
+import torch
+from transformer_from_scratch import fast_decode as _real
+
+class Stub(torch.nn.Module):
+    def forward(self, x):
+        raise NotImplementedError("FusedSwiGLU.forward is not written yet: write it in notebook 16")
+
+def prepare_for_decode(model, *, fuse=True, int8=False, threads=None):
+    _real.prepare_for_decode(model, int8=int8)  # fused attention and lm_head, q/k/v weights views of one matrix
+    for block in model.layers:
+        block.ffn = Stub()
+    return model
+"""
+
+
+@pytest.mark.parametrize("fast_decode, message", [
+    (None, "[learners_transformer has no fast_decode module yet (notebook 16): decoding with the plain model]"),
+    (STUB_AT_PREPARE, "[learners_transformer.fast_decode is not written yet (FusedSelfAttention.__init__ is not "
+                      "written yet: write it in notebook 16): decoding with the plain model]"),
+    (STUB_IN_FORWARD, "[learners_transformer.fast_decode is not written yet (FusedSwiGLU.forward is not written "
+                      "yet: write it in notebook 16): decoding with the plain model]"),
+    ("from transformer_from_scratch.linear import NotThere\n",
+     "[cannot import learners_transformer.fast_decode (cannot import name 'NotThere' from "
+     "'transformer_from_scratch.linear' (" + chat_cli.__file__.replace("chat.py", "linear.py") + ")): decoding with "
+     "the plain model]"),
+], ids=["no-module", "stub-at-prepare", "stub-in-forward", "import-error"])
+def test_a_package_without_a_working_fast_decode_chats_with_the_plain_model(fast_decode, message, tiny, chatted,
+                                                                             tmp_path, monkeypatch, capsys):
+    package = tmp_path / "learners_transformer"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "pretrained.py").write_text("from transformer_from_scratch.pretrained import chat, load_gguf  # noqa\n")
+    if fast_decode is not None:
+        (package / "fast_decode.py").write_text(fast_decode)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        out, err = reply(tiny, capsys, package="learners_transformer")
+    finally:
+        for name in [name for name in sys.modules if name.partition(".")[0] == "learners_transformer"]:
+            del sys.modules[name]
+    assert message in err.splitlines()
+    assert "decoding on 1 thread with the plain model" in err and "Traceback" not in err
+    model, = chatted
+    assert is_plain(model)
+    assert out == reply(tiny, capsys, "--no-fast")[0]  # the same reply as the course's plain model

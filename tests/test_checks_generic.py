@@ -50,6 +50,8 @@ from transformer_from_scratch import pretrained
 from transformer_from_scratch.checks.steps import pretrained as pretrained_checks
 from transformer_from_scratch import finetune as ft
 from transformer_from_scratch.checks.steps import finetune as finetune_checks
+from transformer_from_scratch import fast_decode as fd
+from transformer_from_scratch.checks.steps import fast_decode as fast_decode_checks
 from transformer_from_scratch.kv_cache import KVCache
 from transformer_from_scratch.transformer_lm import generate
 
@@ -193,6 +195,17 @@ LEARNERS = [
     function(finetune_checks.check_pad_batch, ft.pad_batch, dtype=False),  # ids
     function(finetune_checks.check_masked_cross_entropy, ft.masked_cross_entropy),
     function(finetune_checks.check_exact_match, ft.exact_match, dtype=False),  # bool
+    # notebook 16: decoding fast
+    component(checks.check_int8_linear, fd.Int8Linear),
+    component(checks.check_fused_self_attention, fd.FusedSelfAttention),
+    component(checks.check_fused_swiglu, fd.FusedSwiGLU),
+    function(checks.check_prepare_for_decode, fd.prepare_for_decode, tensor=False),
+    function(fast_decode_checks.check_decode_bytes, fd.decode_bytes, tensor=False),
+    function(fast_decode_checks.check_column_major, fd.column_major),
+    function(fast_decode_checks.check_fuse_weights, fd.fuse_weights),
+    function(fast_decode_checks.check_split_qkv, fd.split_qkv),
+    function(fast_decode_checks.check_quantize_int8, fd.quantize_int8),
+    function(fast_decode_checks.check_int8_matmul, fd.int8_matmul),
 ]
 # Checks of an answer (a number the learner computed), not of code: there is no call to plant a mistake in.
 ANSWERS = [kv_exercises.check_kv_cache_gib, kv_exercises.check_t_attention, training_answers.check_unigram_loss,

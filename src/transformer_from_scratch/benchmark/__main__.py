@@ -1,7 +1,7 @@
 """`make bench`: the from-scratch TransformerLM against the same model built from PyTorch's built-ins.
 
     python -m transformer_from_scratch.benchmark [--out build/benchmark.md] [--no-compile] [--no-notebooks]
-                                                 [--only model|tokenizer|pretrained|finetune]
+                                                 [--only model|tokenizer|pretrained|decode|finetune] [--threads N]
 
 Prints a Markdown table and writes it to --out. Every measurement runs in a fresh Python process (a clean
 allocator, a clean peak-memory reading, no compiled code left over from another row):
@@ -39,6 +39,17 @@ allocator, a clean peak-memory reading, no compiled code left over from another 
   bandwidth each reaches (the parameters' bytes, all read once per token, × tokens/s) beside the machine's copy
   bandwidth (bytes read and written by a 256 MB tensor copy); in float32 and bfloat16; the prefill (one forward of
   a 256-token prompt) in tokens/s, the load time and the process's peak resident memory.
+* decode (`--only decode` for this part alone; needs `make weights`): how fast SmolLM2-135M-Instruct decodes, one
+  table measured in one run, each row in a fresh process, the same threads for all: greedy, a ChatML prompt (44
+  tokens) and 64 new ones, in float32: Hugging Face's `model.generate` (its EOS switched off, so that it runs the 64
+  tokens with the greedy ids unchanged), ours through `generate` on the model as `load_gguf` gives it (plain),
+  after `fast_decode.prepare_for_decode` (fuse: what `make chat` ships) and after `prepare_for_decode(int8=True)`,
+  plain and fused in bfloat16 too, and llama.cpp (llama-cpp-python, the optional `bench-llama` extra, built from
+  source: see the Makefile's bench target) on the GGUF file itself, its Q4_1/Q8_0 blocks as they are, when
+  `llama_cpp` is importable; tokens/s (the prompt's forward included), × HF, the seconds to the first token, the
+  bytes a step reads (ours: `fast_decode.decode_bytes` at the mean cache length; HF: its parameters' bytes;
+  llama.cpp: the file's tensor bytes), the weight bandwidth that reaches over the steps after the first token, its
+  share of the copy bandwidth measured in the same run, and where the greedy tokens first differ from ours plain's.
 * finetune (`--only finetune` for this part alone; needs `make weights`): one training step of `make finetune`
   (forward, backward, clipping, AdamW; its first batch: 16 questions of notebook 15's task) on SmolLM2-135M-Instruct
   in float32, ours (`apply_lora`, the course's AdamW) against transformers + peft (`get_peft_model`,
@@ -53,8 +64,10 @@ Targets, on the CPU: checks off >= 0.9× the reference for training, fused >= 1.
 PyTorch's, decode with checks off >= 0.9×, decode with the KV cache >= 1.0× the reference's cached decode and >= 5×
 ours without the cache, the small forward with checks off >= 1.0× the reference, and the notebooks under nbval
 <= 2× their floors; the tokenizer's 500-token training under 1.5 s, and its encoding within 5× of `tokenizers`
-(≥ 0.2× its MB/s) on one encode call; SmolLM2's greedy decode, as shipped, ≥ 1.0× Hugging Face's; its LoRA step ≥ 1.0× transformers + peft's. The
-table says which are met.
+(≥ 0.2× its MB/s) on one encode call; SmolLM2's greedy decode, as shipped, ≥ 1.0× Hugging Face's; its decode after prepare_for_decode ≥ 1.5× Hugging
+Face's, at ≥ 50 % of the copy bandwidth, within 2× of llama.cpp (≥ 0.5× its tokens/s), int8 ≥ 2× Hugging Face's;
+its LoRA step ≥ 1.0× transformers + peft's. The table says which are met. --threads N: torch's threads in every
+measuring process (llama.cpp's n_threads too); by default torch's own (the cores), printed in each header.
 """
 
 from __future__ import annotations
@@ -75,6 +88,7 @@ from pathlib import Path
 from .._project import repo_root
 
 REPO = repo_root()
+THREADS_VARIABLE = "TFS_BENCH_THREADS"  # --threads N, passed to the measuring processes
 
 # The training shape of the targets on a CPU, and a larger one (GPT-2 small's width and depth) on a GPU.
 SHAPES = {
@@ -575,11 +589,7 @@ def measure_pretrained(row: str, dtype_name: str) -> dict:
 
         model, tokenizer = load_gguf(path, dtype=dtype)
     else:
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype).eval()
+        model = _hf_model(path, dtype)
     load_s = time.perf_counter() - start
     import gc
 
@@ -703,6 +713,215 @@ def pretrained_report(rounds: int) -> str:
                          f"{r['prefill_tokens_per_s'] / hf['prefill_tokens_per_s']:.2f} | {r['load_s']:.1f} | "
                          f"{_mib(r['loaded_bytes'])} | {_mib(r['peak_bytes'])} |")
     lines += ["", "**Targets** (SmolLM2, CPU):", *verdicts]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- SmolLM2's decode: prepare_for_decode, HF, llama.cpp
+
+FAST_DECODE = dict(new_tokens=64, decodes=2)
+FAST_DECODE_ROWS = [("hf", "float32"), ("plain", "float32"), ("fused", "float32"), ("int8", "float32"),
+                    ("plain", "bfloat16"), ("fused", "bfloat16"), ("llama.cpp", "gguf")]
+FAST_DECODE_LABELS = {"hf": "HF transformers `model.generate`", "plain": "ours, `generate` (plain)",
+                      "fused": "ours, `prepare_for_decode` (fuse: what `make chat` ships)",
+                      "int8": "ours, `prepare_for_decode(int8=True)`",
+                      "llama.cpp": "llama.cpp (llama-cpp-python, the GGUF's own Q4_1/Q8_0 blocks)"}
+LLAMA_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+LLAMA_INSTALL = (f'CMAKE_ARGS="{LLAMA_CMAKE_ARGS}" .venv/bin/pip install --no-binary llama-cpp-python '
+                 f'".[bench-llama]"')
+
+
+def _hf_model(path, dtype):
+    """Hugging Face's AutoModelForCausalLM from the GGUF file (dequantized), in eval mode."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype).eval()
+
+
+def _llama_decoder(path, prompt_ids: list[int], threads: int):
+    """llama.cpp's greedy decode of prompt_ids, through llama-cpp-python's low-level loop (its create_completion
+    stops at the end-of-turn token): the prompt evaluated once, then each argmax of the last logits evaluated in turn.
+    Returns decode(n) -> (ids, the time each id was known) and the file's tensor bytes."""
+    import gguf
+    import llama_cpp
+    import numpy as np
+
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, n_threads=threads, n_threads_batch=threads, n_batch=64,
+                          verbose=False, seed=0)
+    vocab = llm.n_vocab()
+
+    def decode(n: int) -> tuple[list[int], list[float]]:
+        llm.reset()
+        llm.eval(prompt_ids)
+        ids, times = [], []
+        for i in range(n):
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
+            ids.append(int(np.argmax(logits)))
+            times.append(time.perf_counter())
+            if i < n - 1:
+                llm.eval([ids[-1]])
+        return ids, times
+
+    return decode, sum(int(tensor.n_bytes) for tensor in gguf.GGUFReader(path).tensors)
+
+
+def measure_fast_decode(row: str, dtype_name: str) -> dict:
+    """One process: SmolLM2's greedy decode of FAST_DECODE["new_tokens"] ids after the ChatML prompt, by `row`
+    ("hf": transformers' model.generate, its EOS switched off; "plain", "fused", "int8": our generate on the model
+    of load_gguf, as loaded, after prepare_for_decode, after prepare_for_decode(int8=True), shape checks off as make
+    chat runs; "llama.cpp": llama-cpp-python on the GGUF file, `dtype_name` "gguf"), one decode to warm up, then the
+    best of FAST_DECODE["decodes"]: tokens/s of the whole call (the prompt's forward included), the seconds to the
+    first new token, the steps/s after it, the ids, and the bytes one step reads."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    import torch
+
+    import transformer_from_scratch as tfs
+    from transformer_from_scratch.weights import gguf_path
+
+    path, threads, new = gguf_path(), torch.get_num_threads(), FAST_DECODE["new_tokens"]
+    prompt_ids, _ = _pretrained_prompts(path)
+    prompt = torch.tensor(prompt_ids)
+    if row == "llama.cpp":
+        import llama_cpp
+
+        decode, nbytes = _llama_decoder(path, prompt_ids, threads)
+        version = llama_cpp.__version__
+    elif row == "hf":
+        import transformers
+
+        model = _hf_model(path, getattr(torch, dtype_name))
+        model.generation_config.eos_token_id = None  # 64 tokens, <|im_end|> or not, as ours (min_new_tokens would
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())  # mask it: other greedy ids)
+        version = transformers.__version__
+
+        class Stamps:  # a streamer: put() gets the prompt, then each new id
+            def __init__(self):
+                self.times = []
+
+            def put(self, value) -> None:
+                self.times.append(time.perf_counter())
+
+            def end(self) -> None:
+                pass
+
+        def decode(n: int) -> tuple[list[int], list[float]]:
+            stamps = Stamps()
+            out = model.generate(prompt[None], attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                                 max_new_tokens=n, do_sample=False, streamer=stamps)
+            return out[0, len(prompt_ids):].tolist(), stamps.times[1:]
+    else:
+        from transformer_from_scratch.fast_decode import decode_bytes, prepare_for_decode
+        from transformer_from_scratch.pretrained import load_gguf
+
+        model, _ = load_gguf(path, dtype=getattr(torch, dtype_name))
+        if row != "plain":
+            prepare_for_decode(model, int8=row == "int8")
+        tfs.set_shape_checks(False)  # as make chat decodes
+        nbytes = decode_bytes(model, len(prompt_ids) + new // 2)  # at the mean cache length of the steps
+        version = torch.__version__
+
+        def decode(n: int) -> tuple[list[int], list[float]]:
+            times = []
+            ids = tfs.generate(model, prompt, n, temperature=0.0, on_token=lambda _: times.append(time.perf_counter()))
+            return ids.tolist(), times
+
+    best = dict(tokens_per_s=0.0, steps_per_s=0.0, first_token_s=float("inf"))
+    with torch.no_grad():
+        decode(4)  # warm up: the first call pays for its set-up
+        for _ in range(FAST_DECODE["decodes"]):
+            start = time.perf_counter()
+            ids, times = decode(new)
+            seconds = time.perf_counter() - start
+            best["tokens_per_s"] = max(best["tokens_per_s"], len(ids) / seconds)
+            best["steps_per_s"] = max(best["steps_per_s"], (len(ids) - 1) / (times[-1] - times[0]))
+            best["first_token_s"] = min(best["first_token_s"], times[0] - start)
+    return dict(best, ids=ids, bytes=nbytes, threads=threads, prompt_tokens=len(prompt_ids), version=version)
+
+
+def fast_decode_report(rounds: int) -> str:
+    """The decode section: SmolLM2's greedy decode, ours (plain, prepared, int8) against transformers and llama.cpp,
+    with the bandwidth each reaches."""
+    import importlib.util
+
+    try:
+        from transformer_from_scratch.weights import gguf_path
+
+        gguf_path()
+        import transformers
+    except (FileNotFoundError, ImportError) as error:
+        return f"**Decode** (SmolLM2-135M-Instruct): not measured ({error}).\n"
+    llama = importlib.util.find_spec("llama_cpp") is not None
+    rows = [(row, dtype) for row, dtype in FAST_DECODE_ROWS if llama or row != "llama.cpp"]
+    copies, best = [], {}
+    for round_ in range(rounds):
+        copies.append(_run_child("copy", "-", "cpu")["bytes_per_s"])
+        for row, dtype in rows:
+            print(f"  decode: {row}, {dtype} (round {round_ + 1} of {rounds}) …", file=sys.stderr, flush=True)
+            result = _run_child("fast_decode", row, dtype)
+            old = best.setdefault((row, dtype), result)
+            for key, better in (("tokens_per_s", max), ("steps_per_s", max), ("first_token_s", min)):
+                old[key] = better(old[key], result[key])
+    copy = max(copies)
+    hf, plain = best[("hf", "float32")], best[("plain", "float32")]
+    threads = plain["threads"]
+    versions = f"torch {_version('torch')}, transformers {transformers.__version__}"
+    if llama:
+        versions += f", llama-cpp-python {best[('llama.cpp', 'gguf')]['version']}"
+    new = FAST_DECODE["new_tokens"]
+    lines = [f"Decode benchmark of {datetime.date.today().isoformat()}: {_cpu_name()}, {os.cpu_count()} cores, "
+             f"{threads} thread(s) for every row (torch's; llama.cpp's n_threads); {versions}, Python "
+             f"{platform.python_version()}.", "",
+             f"**Decode**, SmolLM2-135M-Instruct from the GGUF file of `make weights`: greedy, a ChatML prompt of "
+             f"{plain['prompt_tokens']} tokens, {new} new ones; ours through `generate` (shape checks off, as `make "
+             f"chat` runs) on the model as `load_gguf` gives it (plain), after `fast_decode.prepare_for_decode` "
+             f"(q/k/v and w1/w3 fused, each matrix in the layout `faster_layout` measured) and after `prepare_for_decode(int8=True)`; "
+             f"Hugging Face's `model.generate(..., do_sample=False)` with its EOS switched off (so the {new} greedy "
+             f"ids are its argmaxes)" + ("; llama.cpp on the GGUF file itself (its Q4_1 matrices and Q8_0 "
+                                         "embedding, never dequantized), the same ids in, argmax of its logits out"
+                                         if llama else "") +
+             f". Each row in a fresh process, the best of {rounds} rounds × {FAST_DECODE['decodes']} runs. tokens/s: "
+             f"{new} over the whole call, the prompt's forward included. Bytes a step reads: ours "
+             f"`fast_decode.decode_bytes` (every weight once, the embedding's one row unless lm_head reads it too, "
+             f"the KV cache at the steps' mean length, {plain['prompt_tokens'] + new // 2}); HF its parameters' "
+             f"bytes; llama.cpp the file's tensor bytes. Weight GB/s: those bytes × the steps per second after the "
+             f"first token; copy bandwidth (a 256 MB tensor copy, read + write, in the same run): "
+             f"{copy / 1e9:.1f} GB/s.", "",
+             "| decode | dtype | tokens/s | × HF | first token s | MB a step reads | weight GB/s | of copy bw | "
+             "greedy ids = ours plain's (float32's) |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for row, dtype in rows:
+        r = best[(row, dtype)]
+        against = ("plain", "bfloat16") if (row, dtype) == ("fused", "bfloat16") else ("plain", "float32")
+        same = _first_difference(r["ids"], best[against]["ids"])
+        agree = f"all {new}" if same == new else f"the first {same} of {new}"
+        if (row, dtype) == against:
+            agree = "(the reference)"
+        elif against[1] != "float32":
+            agree += f" ({against[1]}'s)"
+        rate = r["steps_per_s"] * r["bytes"]
+        lines.append(f"| {FAST_DECODE_LABELS[row]} | {dtype} | {r['tokens_per_s']:.1f} | "
+                     f"{r['tokens_per_s'] / hf['tokens_per_s']:.2f} | {r['first_token_s']:.2f} | "
+                     f"{r['bytes'] / 1e6:,.0f} | {rate / 1e9:.1f} | {rate / copy:.0%} | {agree} |")
+    fused, int8 = best[("fused", "float32")], best[("int8", "float32")]
+    share = fused["steps_per_s"] * fused["bytes"] / copy
+    if llama:
+        ratio = fused["tokens_per_s"] / best[("llama.cpp", "gguf")]["tokens_per_s"]
+        versus_llama = f"{_verdict(ratio, 0.5)} ({ratio:.2f}× llama.cpp's tokens/s)"
+    else:
+        versus_llama = "not measured"
+        lines += ["", f"llama.cpp: not measured, llama-cpp-python is not installed. It is the optional `bench-llama` "
+                  f"extra, never part of `dev`, built from source for this CPU (about 17 minutes on 2 cores): "
+                  f"`{LLAMA_INSTALL}`."]
+    lines += ["", "**Targets** (decode, float32, CPU):",
+              f"- `prepare_for_decode` ≥ 1.5× HF: {_verdict(fused['tokens_per_s'] / hf['tokens_per_s'], 1.5)} "
+              f"({fused['tokens_per_s'] / hf['tokens_per_s']:.2f}×; plain "
+              f"{plain['tokens_per_s'] / hf['tokens_per_s']:.2f}×)",
+              f"- `prepare_for_decode` at ≥ 50 % of the copy bandwidth: {_verdict(share, 0.5)} ({share:.0%})",
+              f"- `prepare_for_decode(int8=True)` ≥ 2× HF: {_verdict(int8['tokens_per_s'] / hf['tokens_per_s'], 2.0)} "
+              f"({int8['tokens_per_s'] / hf['tokens_per_s']:.2f}×)",
+              f"- `prepare_for_decode` within 2× of llama.cpp (≥ 0.5× its tokens/s): {versus_llama}"]
     return "\n".join(lines) + "\n"
 
 
@@ -1048,17 +1267,29 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None,
                         help="where the table goes (default: build/benchmark.md; with --only, build/benchmark_ONLY.md)")
-    parser.add_argument("--only", choices=["model", "tokenizer", "pretrained", "finetune"], default=None,
+    parser.add_argument("--only", choices=["model", "tokenizer", "pretrained", "decode", "finetune"], default=None,
                         help="measure one part: the model's rows (and the notebooks), the tokenizer's, "
-                             "SmolLM2-135M-Instruct's decode against Hugging Face's, or its fine-tuning step "
+                             "SmolLM2-135M-Instruct's decode against Hugging Face's, its decode after "
+                             "prepare_for_decode against Hugging Face's and llama.cpp's, or its fine-tuning step "
                              "against transformers + peft")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch's CPU threads in every measuring process, and llama.cpp's (default: torch's "
+                             "own, the cores); each part's header says how many")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows (slow to compile)")
     parser.add_argument("--no-notebooks", action="store_true", help="skip timing the notebooks under nbval")
     parser.add_argument("--rounds", type=int, default=3, help="measure each eager row this many times, keep the best")
     parser.add_argument("--child", nargs=3, metavar=("KIND", "ROW", "DEVICE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be >= 1, got {args.threads}")
+        os.environ[THREADS_VARIABLE] = str(args.threads)  # the measuring processes inherit it
     if args.child:
         kind, row, device = args.child
+        if os.environ.get(THREADS_VARIABLE):
+            import torch
+
+            torch.set_num_threads(int(os.environ[THREADS_VARIABLE]))
         measure = {"train": lambda: measure_training(row, device, steps=5 if device == "cpu" else 20),
                    "loop": lambda: measure_train_loop(row, device, steps=5 if device == "cpu" else 20),
                    "decode": lambda: measure_decode(row, device, repeats=3),
@@ -1070,11 +1301,14 @@ def main(argv: list[str] | None = None) -> None:
                    "bpe_encode": lambda: measure_bpe_encode(row, device),
                    "copy": lambda: measure_copy(device),
                    "pretrained": lambda: measure_pretrained(row, device),  # DEVICE: the dtype
+                   "fast_decode": lambda: measure_fast_decode(row, device),  # DEVICE: the dtype ("gguf": llama.cpp)
                    "finetune": lambda: measure_finetune(row, device)}[kind]  # DEVICE: lora or full
         print(json.dumps(measure()))
         return
     import torch
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)  # the model part's header reads this process's
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     parts = []
     if args.only in (None, "model"):
@@ -1084,6 +1318,8 @@ def main(argv: list[str] | None = None) -> None:
         parts.append(tokenizer_report(args.rounds))
     if args.only in (None, "pretrained"):
         parts.append(pretrained_report(min(args.rounds, 2)))  # ~1 min a round on 2 cores
+    if args.only in (None, "decode"):
+        parts.append(fast_decode_report(min(args.rounds, 2)))  # 15 min a round on 2 busy cores
     if args.only in (None, "finetune"):
         parts.append(finetune_report(min(args.rounds, 2)))  # ~2 min a round on 2 cores
     text = "\n".join(parts)

@@ -30,6 +30,7 @@ from .training import (check_adamw, check_checkpoint, check_cross_entropy, check
 from .tokenizer import check_tokenizer, check_train_bpe
 from .pretrained import check_chat, check_load_gguf
 from .finetune import check_apply_lora, check_lora_linear
+from .fast_decode import check_fused_self_attention, check_fused_swiglu, check_int8_linear, check_prepare_for_decode
 
 __all__ = [
     "check_linear",
@@ -57,4 +58,8 @@ __all__ = [
     "check_chat",
     "check_lora_linear",
     "check_apply_lora",
+    "check_int8_linear",
+    "check_fused_self_attention",
+    "check_fused_swiglu",
+    "check_prepare_for_decode",
 ]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import sys
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -41,3 +43,19 @@ def entropy_bits(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
     Returns a tensor with ``dim`` removed: a 0-d tensor for one distribution (``float()`` it to print).
     """
     return -torch.special.xlogy(p, p).sum(dim=dim) / math.log(2)
+
+
+@contextmanager
+def silenced_stderr() -> Iterator[None]:
+    """Send the process's standard error (file descriptor 2, C++ libraries included) to the void for a moment:
+    torch.profiler's library (kineto) logs a line at each start and stop there, with the time, which a notebook would
+    store. Python's own sys.stderr is flushed first, so nothing written before is lost."""
+    sys.stderr.flush()
+    saved, void = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(void, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(void)
