@@ -1,6 +1,6 @@
 # Generated from notebooks/16_fast_decode.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: f790229c9fcf22bf801ea3f692c925a314bfcb16310ab31564ccbcb71a56036d
+# body-sha256: 21535cb653c6d3c56777ff00dc189717846378dbae4f89acf6ec23ed87f3c63f
 
 import time
 
@@ -78,7 +78,7 @@ def fuse_weights(*linears: nn.Module, by_columns: bool = True) -> Float[Tensor, 
         fused = column_major(fused)
     start = 0
     for linear in linears:
-        rows = linear.weight.shape[0]
+        rows = len(linear.weight)
         linear.weight = nn.Parameter(fused[start:start + rows], requires_grad=False)
         start += rows
     return fused
@@ -90,10 +90,10 @@ def split_qkv(qkv: Float[Tensor, "*batch seq qkv"], num_heads: int, num_kv_heads
     """Step 4: the fused projection's output (..., seq, (num_heads + 2·num_kv_heads)·d_k), queries first, then keys,
     then values, as q (..., num_heads, seq, d_k), k and v (..., num_kv_heads, seq, d_k): head h of q gets features
     h·d_k … (h+1)·d_k - 1 of the queries, as notebook 08 splits them. Views where the layout allows, no copy."""
-    if num_heads < 1 or num_kv_heads < 1 or qkv.shape[-1] % (num_heads + 2 * num_kv_heads):
+    d_k, rest = divmod(qkv.shape[-1], max(1, num_heads + 2 * num_kv_heads))
+    if num_heads < 1 or num_kv_heads < 1 or rest or d_k == 0:
         raise ValueError(f"split_qkv: the last dimension must be (num_heads + 2·num_kv_heads)·d_k, got {qkv.shape[-1]} "
                          f"with num_heads={num_heads}, num_kv_heads={num_kv_heads}")
-    d_k = qkv.shape[-1] // (num_heads + 2 * num_kv_heads)
     q, k, v = qkv.split([num_heads * d_k, num_kv_heads * d_k, num_kv_heads * d_k], dim=-1)
     q = q.unflatten(-1, (num_heads, d_k)).transpose(-3, -2)
     k = k.unflatten(-1, (num_kv_heads, d_k)).transpose(-3, -2)
@@ -108,7 +108,7 @@ def quantize_int8(weight: Float[Tensor, "d_out d_in"]) -> tuple[Int8[Tensor, "d_
     if weight.ndim != 2 or not weight.is_floating_point():
         raise ValueError(f"quantize_int8: a floating-point (d_out, d_in) matrix, got {weight.dtype} of shape "
                          f"{tuple(weight.shape)}")
-    w = weight.detach().float()
+    w = weight.detach().to(torch.float32)
     scale = w.abs().amax(dim=1) / 127
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
