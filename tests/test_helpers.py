@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from transformer_from_scratch.nbtools.helpers import entropy_bits, expect_error
+from transformer_from_scratch.nbtools.helpers import entropy_bits, expect_error, quiet_transformers
 from transformer_from_scratch.nbtools.plotting import heatmap, histogram_vs_density
 
 
@@ -62,3 +62,28 @@ def test_histogram_vs_density_draws_both_and_the_cuts():
     assert len(ax.patches) == 120 and len(ax.lines) == 3  # the bars, the density, two cuts
     assert ax.get_xlabel() == "value" and ax.get_ylabel() == "density"
     plt.close(fig)
+
+
+def test_quiet_transformers_turns_every_bar_off_and_restores_them():
+    """Both of transformers' bars a GGUF load draws (its loader's and its converter's, which calls tqdm with no
+    switch) are off inside, and the library's settings are as before after, an error included."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_loading
+    from transformers.utils import logging as hf_logging
+
+    def converter_bar_off() -> bool:
+        bar = gguf_loading.tqdm([1])
+        off = bar.disable
+        bar.close()  # which sets disable
+        return off
+
+    hf_logging.enable_progress_bar()
+    before = hf_logging.get_verbosity()
+    assert converter_bar_off() is False  # on unless turned off
+    with pytest.raises(KeyError), quiet_transformers():
+        assert converter_bar_off() is True
+        assert hf_logging.is_progress_bar_enabled() is False
+        assert hf_logging.get_verbosity() == hf_logging.ERROR
+        raise KeyError("inside")
+    assert converter_bar_off() is False
+    assert hf_logging.is_progress_bar_enabled() is True
+    assert hf_logging.get_verbosity() == before

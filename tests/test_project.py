@@ -117,6 +117,10 @@ def test_notebook_is_saved_clean(notebook):
             assert output.get("execution_count", cell["execution_count"]) == cell["execution_count"]
             view = output.get("data", {}).get("application/vnd.jupyter.widget-view+json")
             assert view is None or view["model_id"] == "", "a stale widget id: run `make notebooks NB=...`"
+            # A progress bar saved as a widget shows as an empty box on the web and in the decks: load with
+            # nbtools.helpers.quiet_transformers() (or tqdm's disable=True).
+            shown = "".join(output.get("data", {}).get("text/plain", ""))
+            assert view is None or not re.search(r"\d+%\|", shown), f"cell {cell['id']} saved a progress bar: {shown!r}"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)

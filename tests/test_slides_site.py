@@ -147,6 +147,8 @@ def test_every_result_stays(notebook):
     in the deck (the Setup, the export cell and the exercises' solutions aside)."""
     nb = nbformat.read(notebook, as_version=4)
     cells = _derive(notebook)
+    ids = [cell.get("id") for cell in cells]
+    assert len(ids) == len(set(ids)), "a cell cut into several slides repeats its id (nbformat warns at each)"
     shown: dict[int, list] = {}
     for cell in cells:
         if cell.cell_type == "code" and "course_source" in cell.metadata and _slide_type(cell) != "notes":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -59,3 +60,24 @@ def silenced_stderr() -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(void)
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Run Hugging Face ``transformers`` (a test-only yardstick in notebooks 14 and 16) without its progress bars and
+    advisory logs: a notebook would save each bar as an empty widget. Its GGUF converter calls tqdm directly, with no
+    switch, so its bar is turned off here for the moment and restored after, with the library's own settings."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_loading
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars, converter_bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(), gguf_loading.tqdm
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    gguf_loading.tqdm = functools.partial(converter_bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_loading.tqdm = converter_bar
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()

@@ -1307,6 +1307,21 @@ def _join_title(nb) -> None:
             cell.source = ""
 
 
+def _unique_ids(cells: list) -> None:
+    """A cell cut into several slides is several cells: each copy after the first gets an id of its own (nbformat
+    warns at every duplicate, and a page's anchors must not repeat)."""
+    seen: set[str] = set()
+    for cell in cells:
+        base = cell.get("id")
+        if base is None:
+            continue
+        number = 1
+        while cell["id"] in seen:
+            number += 1
+            cell["id"] = f"{base}-{number}"
+        seen.add(cell["id"])
+
+
 class DeriveSlides(Preprocessor):
     """Set every cell's ``slideshow.slide_type`` from the notebook's structure (on a copy of it)."""
 
@@ -1373,6 +1388,7 @@ class DeriveSlides(Preprocessor):
         _orphaned_colons(pieces)
         pieces = _two_parts(pieces, nb.cells[0].source, notebook_dir)
         nb.cells = layout(pieces)
+        _unique_ids(nb.cells)
         return nb, resources
 
 
