@@ -11,6 +11,20 @@ from typing import Any, Callable, Iterable, Sequence
 import pytest
 import torch
 
+# A student notebook's Linear: the learner's own, from notebook 01 (my_transformer exports it), not the course's. A
+# check that builds models for the learner's code must build them of this class when that code sees it (the source
+# of a cell, for exec with torch and nn imported).
+LEARNERS_LINEAR = """
+class Linear(nn.Module):  # the learner's own, from notebook 01 (my_transformer's), not the course's
+    def __init__(self, in_features, out_features, device=None, dtype=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.randn(out_features, in_features, device=device, dtype=dtype))
+
+    def forward(self, x):
+        return x @ self.weight.T
+"""
+
 
 def assert_phrases_distinct(mutants: Iterable[tuple[Any, str]]) -> None:
     """Each (mutant, phrase) pair has a phrase of its own."""

@@ -15,7 +15,7 @@ from transformer_from_scratch.fast_decode import (FusedMatmul, FusedSelfAttentio
                                                   quantize_int8, split_qkv)
 from transformer_from_scratch.linear import Linear
 from transformer_from_scratch.multihead_attention import _check_input
-from mutants import Catalogue
+from mutants import LEARNERS_LINEAR, Catalogue
 
 
 def test_the_course_passes_with_one_line(capsys):
@@ -39,15 +39,7 @@ import torch
 from torch import nn
 from transformer_from_scratch.fast_decode import FusedSelfAttention, FusedSwiGLU, Int8Linear, fuse_weights
 
-class Linear(nn.Module):  # the learner's own, from notebook 01 (my_transformer's), not the course's
-    def __init__(self, in_features, out_features, device=None, dtype=None):
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.randn(out_features, in_features, device=device, dtype=dtype))
-
-    def forward(self, x):
-        return x @ self.weight.T
-
+""" + LEARNERS_LINEAR + """
 def _quantize(module):
     for name, child in list(module.named_children()):
         if isinstance(child, (FusedSelfAttention, FusedSwiGLU)):

@@ -10,7 +10,7 @@ from torch import nn
 from transformer_from_scratch.checks import check_apply_lora, check_lora_linear
 from transformer_from_scratch.finetune import LoRALinear, apply_lora, lora_delta
 from transformer_from_scratch.linear import Linear
-from mutants import Catalogue
+from mutants import LEARNERS_LINEAR, Catalogue
 
 
 def test_the_course_passes_with_one_line(capsys):
@@ -24,15 +24,7 @@ STUDENT_NOTEBOOK = """
 import math, torch
 from torch import nn
 
-class Linear(nn.Module):  # the learner's own, from notebook 01 (my_transformer's), not the course's
-    def __init__(self, in_features, out_features, device=None, dtype=None):
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.randn(out_features, in_features, device=device, dtype=dtype))
-
-    def forward(self, x):
-        return x @ self.weight.T
-
+""" + LEARNERS_LINEAR + """
 class LoRALinear(nn.Module):
     def __init__(self, base, rank, alpha):
         super().__init__()

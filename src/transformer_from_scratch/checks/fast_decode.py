@@ -16,7 +16,6 @@ The model ``check_prepare_for_decode`` prepares is made of the Linear the learne
 from __future__ import annotations
 
 import copy
-import inspect
 from itertools import chain
 from typing import Any, Callable
 
@@ -30,7 +29,7 @@ from ..linear import Linear as CourseLinear
 from ..multihead_attention import MultiHeadSelfAttention
 from ..swiglu import SwiGLU
 from ..transformer_lm import TransformerLM, generate
-from ._fixtures import LM_CTX, LM_D, LM_DFF, LM_H, LM_KV, LM_L, LM_THETA, LM_V
+from ._fixtures import LM_CTX, LM_D, LM_DFF, LM_H, LM_KV, LM_L, LM_THETA, LM_V, learners_linear
 from ._harness import (attempt, call, check_signature, close, crashed, describe, diagnose, dtype_name, expect_like,
                        expect_tensor, fail, first_line, generator, passed, refuse_instance, refuses)
 
@@ -458,19 +457,6 @@ _PROMPT = torch.tensor([3, 1, 4, 1, 5])
 _NEW = 8
 
 
-def _linear_class(fn: Callable[..., Any]) -> type[nn.Module]:
-    """The Linear that the learner's code sees where it was written (in a student notebook, my_transformer's own),
-    else the course's: the Linear of the models the check prepares."""
-    try:
-        fn = inspect.unwrap(fn)
-    except ValueError:
-        pass
-    candidate = getattr(fn, "__globals__", {}).get("Linear")
-    if inspect.isclass(candidate) and issubclass(candidate, nn.Module) and candidate is not nn.Linear:
-        return candidate
-    return CourseLinear
-
-
 def _lm(linear: type[nn.Module], *, tied: bool, dtype: torch.dtype, num_kv_heads: int | None = None,
         seed: int = 0) -> TransformerLM:
     """The course's small TransformerLM (11 ids, context 8, d_model 16, 2 layers), its Linears of class ``linear``."""
@@ -660,7 +646,7 @@ def check_prepare_for_decode(prepare_for_decode: Callable[..., Any]) -> None:
     fused modules again; with int8, lm_head not quantized, the fused modules' float Linears kept, matrices quantized
     twice, nothing quantized, logits far from the float model's; threads=0 accepted.
     """
-    linear = _linear_class(prepare_for_decode)
+    linear = learners_linear(prepare_for_decode)
     threads = torch.get_num_threads()
     try:
         with torch.random.fork_rng(devices=[]):

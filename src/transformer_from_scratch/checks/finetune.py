@@ -13,16 +13,14 @@ notebook 01, which ``my_transformer`` exports), so that a class that only adapts
 from __future__ import annotations
 
 import copy
-import inspect
 import math
-import sys
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from ..linear import Linear as CourseLinear
-from ._fixtures import LM_V, small_lm
+from ._fixtures import LM_V, learners_linear, small_lm
 from ._harness import (TRUNCATED_STD, attempt, call, check_gradients, check_initialised, check_signature, close,
                        construct, describe, diagnose, expect_tensor, fail, first_line, generator, passed,
                        refuse_instance, refuses, truncated_std)
@@ -31,29 +29,6 @@ _NAME = "LoRALinear"
 _RECIPE = "N(0, σ²) with σ = 1 / sqrt(d_in), truncated at ±3σ (trunc_normal_'s cut a, b is in weight units)"
 _A_INIT = (2048, 64, 64)  # d_in, d_out, rank of the layer whose lora_A is measured: 131,072 draws
 _LEADING = [(2, 3), (), (1, 4, 2)]
-
-
-def _linear_class(impl: Any) -> type[nn.Module]:
-    """The Linear that the learner's code sees where it was written (in a student notebook, my_transformer's own),
-    else the course's: the base the checks hand to the learner's LoRALinear and the Linears of the checks' model."""
-    owners = impl.__mro__ if inspect.isclass(impl) else (impl,)
-    for owner in owners:
-        spaces = []
-        code = owner.__dict__.get("__init__") if inspect.isclass(owner) else owner
-        if callable(code):
-            try:
-                code = inspect.unwrap(code)
-            except ValueError:
-                pass
-            spaces.append(getattr(code, "__globals__", {}))
-        module = sys.modules.get(getattr(owner, "__module__", "") or "")
-        if module is not None:
-            spaces.append(vars(module))
-        for space in spaces:
-            candidate = space.get("Linear")
-            if inspect.isclass(candidate) and issubclass(candidate, nn.Module) and candidate is not nn.Linear:
-                return candidate
-    return CourseLinear
 
 
 def _base(linear: type[nn.Module], d_in: int, d_out: int, dtype: torch.dtype = torch.float32,
@@ -352,7 +327,7 @@ def check_lora_linear(impl: type) -> None:
     """
     refuse_instance(impl, "check_lora_linear")
     check_signature(impl, ["base", "rank", "alpha"], _NAME)
-    linear = _linear_class(impl)
+    linear = learners_linear(impl)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         _check_structure(impl, linear)
@@ -419,7 +394,7 @@ def check_apply_lora(apply_lora: Callable[..., Any]) -> None:
     for an unknown target.
     """
     check_signature(apply_lora, ["model", "targets", "rank", "alpha"], "apply_lora")
-    linear = _linear_class(apply_lora)
+    linear = learners_linear(apply_lora)
     with torch.random.fork_rng(devices=[]):
         _check_applied(apply_lora, linear)
         _check_unknown_targets(apply_lora, linear)
