@@ -108,6 +108,11 @@ def randn(*shape):
     return torch.randn(shape, generator=torch.Generator().manual_seed(0))
 
 
+def _with_lora(model):
+    apply_lora(model, ("q_proj", "v_proj"), rank=2, alpha=4.0)
+    return model
+
+
 def lm(**kwargs):
     sizes = dict(vocab_size=VOCAB, context_length=MAX_SEQ, d_model=D_MODEL, num_layers=1, num_heads=HEADS,
                  d_ff=D_FF, rope_theta=THETA)
@@ -620,6 +625,9 @@ FAST_DECODE_CASES = [
          Raises(ValueError, "prepare_for_decode: threads must be an int >= 1 or None", "got 0")),
     case("prepare_for_decode-threads-float", lambda: prepare_for_decode(lm(), threads=1.5),
          Raises(ValueError, "prepare_for_decode: threads must be an int >= 1 or None", "got 1.5")),
+    case("prepare_for_decode-lora", lambda: prepare_for_decode(_with_lora(lm())),
+         Raises(TypeError, "prepare_for_decode: layers.0.attn.q_proj is a LoRALinear with no weight tensor",
+                "put its .base back")),
     case("prepare_for_decode-layout", lambda: prepare_for_decode(lm(), layout="cols"),
          Raises(ValueError, "prepare_for_decode: layout must be one of ('auto', 'columns', 'rows')", "got 'cols'")),
     case("copy_bandwidth-no-repeats", lambda: copy_bandwidth(1024, repeats=0),

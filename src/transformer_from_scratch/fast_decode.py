@@ -1,6 +1,6 @@
 # Generated from notebooks/16_fast_decode.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 21535cb653c6d3c56777ff00dc189717846378dbae4f89acf6ec23ed87f3c63f
+# body-sha256: 0a6bcbb4690a1ae9a4aa12b60cd831da0d59b469e0f2ac0411590adc808785eb
 
 import time
 
@@ -234,12 +234,15 @@ class FusedSwiGLU(nn.Module):
         return f"d_model={self.d_model}, d_ff={self.d_ff}, one w1/w3 product"
 
 
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3")  # a block's Linears, by name
+
+
 def _quantize_children(module: nn.Module) -> None:
     """Every Linear and FusedMatmul below `module` becomes an Int8Linear of its weight; a fused module's own Linears,
     which its forward no longer reads, are dropped, so their float weights are freed."""
     for name, child in list(module.named_children()):
         if isinstance(child, (FusedSelfAttention, FusedSwiGLU)):
-            for unread in ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3"):
+            for unread in _PROJECTIONS:
                 if hasattr(child, unread):
                     setattr(child, unread, None)
         if isinstance(child, (Linear, FusedMatmul)):
@@ -293,6 +296,11 @@ def prepare_for_decode(model: nn.Module, *, fuse: bool = True, layout: str = "au
         raise ValueError(f"prepare_for_decode: layout must be one of {LAYOUTS}, got {layout!r}")
     if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
         raise ValueError(f"prepare_for_decode: threads must be an int >= 1 or None, got {threads!r}")
+    for path, child in model.named_modules():  # a LoRALinear (notebook 15) has no weight of its own to fuse
+        if path.rpartition(".")[2] in (*_PROJECTIONS, "lm_head") and not isinstance(getattr(child, "weight", None),
+                                                                                    Tensor):
+            raise TypeError(f"prepare_for_decode: {path} is a {type(child).__name__} with no weight tensor: merge() a "
+                            f"LoRA adapter and put its .base back first (make chat --adapter does)")
     if threads is not None:
         torch.set_num_threads(threads)
     head = model.lm_head
