@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from running import start, wait_for
 
 from transformer_from_scratch import sample
 from transformer_from_scratch import train as tr
@@ -147,14 +148,9 @@ def test_log_rows_written_after_the_last_checkpoint_are_dropped_on_resume(corpus
 
 def test_ctrl_c_finishes_the_step_saves_and_exits_cleanly(corpus, tmp_path):
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "transformer_from_scratch.train", *args(corpus, out, "--max-steps", "100000",
-                                                                             "--checkpoint-every", "100000")]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    deadline = time.monotonic() + 60
-    while not (out / "metrics.jsonl").is_file() or len(rows(out)) < 3:
-        assert child.poll() is None and time.monotonic() < deadline, child.communicate()
-        time.sleep(0.05)
+    child = start("transformer_from_scratch.train", *args(corpus, out, "--max-steps", "100000",
+                                                          "--checkpoint-every", "100000"))
+    wait_for(child, lambda: (out / "metrics.jsonl").is_file() and len(rows(out)) >= 3)
     child.send_signal(signal.SIGINT)
     _, stderr = child.communicate(timeout=60)
     assert child.returncode == 0, stderr

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from running import start, wait_for
 from safetensors.torch import load_file
 
 from transformer_from_scratch import chat as chat_cli
@@ -249,22 +250,14 @@ def test_a_run_stopped_at_any_step_and_resumed_writes_the_adapter_of_one_never_s
 
 
 def _start(tiny: Path, out: Path, *extra: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "transformer_from_scratch.tune", *flags(tiny, out, *extra)]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-
-
-def _wait_for(child: subprocess.Popen, ready) -> None:
-    deadline = time.monotonic() + 120
-    while not ready():
-        assert child.poll() is None and time.monotonic() < deadline, child.communicate()
-        time.sleep(0.02)
+    return start("transformer_from_scratch.tune", *flags(tiny, out, *extra))
 
 
 def test_sigterm_finishes_the_step_saves_and_the_resumed_run_is_the_run_never_stopped(tiny, tmp_path):
     out, straight = tmp_path / "run", tmp_path / "straight"
     long = ["--steps", "100000", "--checkpoint-every", "100000"]
     child = _start(tiny, out, *long)
-    _wait_for(child, lambda: (out / tune.METRICS).is_file() and len(rows(out)) >= 3)
+    wait_for(child, lambda: (out / tune.METRICS).is_file() and len(rows(out)) >= 3)
     child.send_signal(signal.SIGTERM)
     _, stderr = child.communicate(timeout=60)
     assert child.returncode == 0, stderr
@@ -287,7 +280,7 @@ def test_kill_9_then_resume_from_the_last_checkpoint_is_the_run_never_stopped(ti
         if not (out / tune.CHECKPOINT).is_file() or not (out / tune.METRICS).is_file():
             return False
         return len(rows(out)) >= 7  # killed after the checkpoint of step 5, with rows logged past it
-    _wait_for(child, saved_and_on)
+    wait_for(child, saved_and_on)
     child.kill()
     child.communicate(timeout=60)
     assert child.returncode == -signal.SIGKILL
