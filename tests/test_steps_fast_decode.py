@@ -207,6 +207,13 @@ def _quantize(*, scale_of=None, step=torch.round, divisor=127, clamp=127, dtype=
     return quantize_int8
 
 
+def _low_precision_scale(weight):
+    """The natural first try: the max and the division in the weight's own dtype, the scale converted at the end."""
+    scale = weight.abs().amax(dim=1) / 127
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8), scale.float()
+
+
 def _in_place(weight):
     q, scale = quantize_int8(weight)
     weight.copy_(q * scale[:, None])  # the float weight becomes its own dequantized copy
@@ -224,6 +231,7 @@ QUANT_MUTANTS = [
     (_quantize(zero_safe=False), "a row of zeros gets scale 0"),
     (_quantize(dtype=torch.float32), "returned q as torch.float32, not torch.int8"),
     (_quantize(scale_dtype=torch.float64), "returned scale as torch.float64, not torch.float32"),
+    (_low_precision_scale, "the scale is computed in bfloat16, then converted"),
     (_in_place, "changes the weight it was given in place"),
 ]
 
@@ -256,6 +264,6 @@ CATALOGUES = [
               shared=frozenset({"the scale divides by 128"}),
               ids=["per-tensor scalar", "per-tensor broadcast", "per input column", "keepdim", "divided by 128",
                    "divided by 128, clamped to 128", "truncation", "zero row", "q float", "scale float64",
-                   "in place"]),
+                   "scale in bfloat16", "in place"]),
     Catalogue(check_int8_matmul, MATMUL_MUTANTS, right=int8_matmul),
 ]

@@ -397,7 +397,8 @@ def check_quantize_int8(quantize_int8: Callable[[Tensor], tuple[Tensor, Tensor]]
 
     Mistakes it recognises: one scale for the whole tensor (per-tensor); a scale per input column; a scale of shape
     (d_out, 1); dividing by 128 (the largest entry becomes 128, which int8 cannot hold); truncation instead of
-    rounding; a row of zeros giving scale 0 (q = 0/0, NaN); q not int8; scale not float32; the weight changed in place.
+    rounding; a row of zeros giving scale 0 (q = 0/0, NaN); q not int8; scale not float32; a bfloat16 weight's scale
+    computed in bfloat16, then converted; the weight changed in place.
     """
     gen = generator(5)
     cases = [([3.0, 0.1, 1.0, 0.5], 6, torch.float32), ([1.0, 0.0, 2.0], 5, torch.float64),
@@ -453,6 +454,14 @@ def check_quantize_int8(quantize_int8: Callable[[Tensor], tuple[Tensor, Tensor]]
             if close(scale, torch.full_like(scale, amax.max().item() / 127), rtol=1e-5, atol=0):
                 fail("one scale for the whole tensor (per-tensor): every row got the largest row's scale",
                      "take one scale per output row: the max of |W| over dim 1, / 127", evidence)
+            if weight.dtype not in (torch.float32, torch.float64):
+                in_dtype = (weight.detach().abs().amax(dim=1) / 127).float()
+                if close(scale[keep], in_dtype[keep], rtol=1e-5, atol=0):
+                    low = dtype_name(weight.dtype)
+                    fail(f"the scale is computed in {low}, then converted: {low} keeps about 3 significant digits, so "
+                         f"every scale is off by up to 0.4 %",
+                         "convert the weight to float32 first (weight.float()), then take the max and divide by 127",
+                         evidence)
             fail(f"{what} returned other scales than max_j |W[i, j]| / 127", _QUANT_FIX, evidence)
         if torch.equal(q, right_q):
             continue
