@@ -243,6 +243,7 @@ MATMUL_MUTANTS = [
     (lambda x, q, scale: (x * scale.to(x.dtype)) @ q.T.to(x.dtype), "the scale is applied per input feature"),
     (lambda x, q, scale: x @ q.T * scale, "the int8 matrix goes into the product as it is"),
     (lambda x, q, scale: x.float() @ q.T.float() * scale, "the result must be in x's dtype"),
+    (lambda x, q, scale: (x @ q.to(x.dtype)) * scale.to(x.dtype), "q is applied without its transpose"),
 ]
 
 

@@ -489,8 +489,8 @@ def check_int8_matmul(int8_matmul: Callable[[Tensor, Tensor, Tensor], Tensor]) -
     x (3, 6) bfloat16 and x (6,) float32; q random in [-127, 127], scales between 0.01 and 0.1.
 
     Mistakes it recognises: the scale forgotten; the scale applied per input feature (to x) instead of per output;
-    the int8 matrix multiplied as it is (PyTorch multiplies one dtype with itself: a crash); the result not in x's
-    dtype.
+    the int8 matrix multiplied as it is (PyTorch multiplies one dtype with itself: a crash); q without its transpose
+    (x @ q, which the square case runs); the result not in x's dtype.
     """
     gen = generator(6)
     cases = [((4,), 6, 6, torch.float64), ((2, 3), 6, 5, torch.float32), ((3,), 6, 4, torch.bfloat16),
@@ -523,6 +523,8 @@ def check_int8_matmul(int8_matmul: Callable[[Tensor, Tensor, Tensor], Tensor]) -
             (lambda: ((xd * scale.double()) @ q.double().T).to(dtype), "the scale is applied per input feature (to x), "
              "not per output", "scale[i] belongs to row i of q, output feature i: multiply the product's last "
              "dimension by it, (x @ qᵀ) * scale"),
+            (lambda: ((xd @ q.double()) * scale.double()).to(dtype), "q is applied without its transpose: x @ q "
+             "multiplies x by q's columns, not by its rows", "q is (d_out, d_in) like notebook 01's weight: x @ q.T"),
         ], "x @ (q · scale[:, None])ᵀ: the product with q in x's dtype, then each output column times its scale",
             **tolerance)
     passed("int8_matmul: x @ (q · scale)ᵀ with one scale per output, in x's dtype (float32, float64, bfloat16), with "
