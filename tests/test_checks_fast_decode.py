@@ -201,19 +201,19 @@ INT8_MUTANTS = {
 # ---------------------------------------------------------------------------------------------------- FusedSwiGLU
 
 class SwiGLUDropsLinears(FusedSwiGLU):
-    def __init__(self, ffn):
-        super().__init__(ffn)
+    def __init__(self, ffn, *, by_columns=True):
+        super().__init__(ffn, by_columns=by_columns)
         self.w1 = self.w3 = None  # the forward does not read them, but the state dict loses their names
 
 
 class SwiGLUSavesFused(FusedSwiGLU):
-    def __init__(self, ffn):
-        super().__init__(ffn)
+    def __init__(self, ffn, *, by_columns=True):
+        super().__init__(ffn, by_columns=by_columns)
         self.w13._non_persistent_buffers_set.discard("weight")  # saved under a new name
 
 
 class SwiGLUCopies(FusedSwiGLU):
-    def __init__(self, ffn):
+    def __init__(self, ffn, *, by_columns=True):  # by_columns ignored: copies, column-major
         nn.Module.__init__(self)
         self.d_model, self.d_ff = ffn.d_model, ffn.d_ff
         self.w1, self.w2, self.w3 = ffn.w1, ffn.w2, ffn.w3
@@ -232,7 +232,7 @@ def _fuse_row_major(*linears):
 
 
 class SwiGLURowMajor(FusedSwiGLU):
-    def __init__(self, ffn):
+    def __init__(self, ffn, *, by_columns=True):  # by_columns ignored: always row by row
         nn.Module.__init__(self)
         self.d_model, self.d_ff = ffn.d_model, ffn.d_ff
         self.w1, self.w2, self.w3 = ffn.w1, ffn.w2, ffn.w3
@@ -253,14 +253,19 @@ class SwiGLUNoSilu(FusedSwiGLU):
 
 
 class SwiGLUReadsCopy(FusedSwiGLU):
-    def __init__(self, ffn):
-        super().__init__(ffn)
+    def __init__(self, ffn, *, by_columns=True):
+        super().__init__(ffn, by_columns=by_columns)
         self.w13 = FusedMatmul(torch.empty_like(self.w13.weight).copy_(self.w13.weight))
 
 
 class SwiGLUFloat32(FusedSwiGLU):
     def forward(self, x):
         return super().forward(x).float()
+
+
+class SwiGLUAlwaysColumns(FusedSwiGLU):
+    def __init__(self, ffn, *, by_columns=True):
+        super().__init__(ffn)  # by_columns not passed on
 
 
 SWIGLU_MUTANTS = {
@@ -271,6 +276,7 @@ SWIGLU_MUTANTS = {
     "halves swapped": (SwiGLUSwapped, "the halves are swapped"),
     "silu left out": (SwiGLUNoSilu, "silu is left out"),
     "the forward reads a copy": (SwiGLUReadsCopy, "the forward reads its own copy of the weights"),
+    "by_columns ignored": (SwiGLUAlwaysColumns, "by_columns=False is ignored"),
     "float32 out": (SwiGLUFloat32, "returned torch.float32 for a torch.float64 input"),
 }
 
@@ -317,13 +323,13 @@ FusedSelfAttentionBase = FusedSelfAttention
 
 
 class AttentionDropsLinears(FusedSelfAttention):
-    def __init__(self, attn):
-        super().__init__(attn)
+    def __init__(self, attn, *, by_columns=True):
+        super().__init__(attn, by_columns=by_columns)
         self.q_proj = self.k_proj = self.v_proj = None
 
 
 class AttentionCopies(FusedSelfAttention):
-    def __init__(self, attn):
+    def __init__(self, attn, *, by_columns=True):  # by_columns ignored: copies, column-major
         nn.Module.__init__(self)
         for name in ("d_model", "num_heads", "num_kv_heads", "d_k", "max_seq_len", "theta"):
             setattr(self, name, getattr(attn, name))
@@ -336,7 +342,7 @@ class AttentionCopies(FusedSelfAttention):
 
 
 class AttentionRowMajor(FusedSelfAttention):
-    def __init__(self, attn):
+    def __init__(self, attn, *, by_columns=True):  # by_columns ignored: always row by row
         nn.Module.__init__(self)
         for name in ("d_model", "num_heads", "num_kv_heads", "d_k", "max_seq_len", "theta"):
             setattr(self, name, getattr(attn, name))
@@ -348,14 +354,19 @@ class AttentionRowMajor(FusedSelfAttention):
 
 
 class AttentionReadsCopy(FusedSelfAttention):
-    def __init__(self, attn):
-        super().__init__(attn)
+    def __init__(self, attn, *, by_columns=True):
+        super().__init__(attn, by_columns=by_columns)
         self.qkv = FusedMatmul(torch.empty_like(self.qkv.weight).copy_(self.qkv.weight))
 
 
 class AttentionFloat32(FusedSelfAttention):
     def forward(self, x, token_positions=None, *, cache=None):
         return super().forward(x, token_positions, cache=cache).float()
+
+
+class AttentionAlwaysColumns(FusedSelfAttention):
+    def __init__(self, attn, *, by_columns=True):
+        super().__init__(attn)  # by_columns not passed on
 
 
 ATTENTION_MUTANTS = {
@@ -371,6 +382,7 @@ ATTENTION_MUTANTS = {
     "the cache not used": (_attention_class(use_cache=False), "the cache is not used"),
     "positions restart with a cache": (_attention_class(past_from_cache=False), "RoPE's positions restart at 0"),
     "the forward reads a copy": (AttentionReadsCopy, "the forward reads its own copy of the weights"),
+    "by_columns ignored": (AttentionAlwaysColumns, "by_columns=False is ignored"),
     "float32 out": (AttentionFloat32, "returned torch.float32 for a torch.float64 input"),
 }
 

@@ -64,16 +64,21 @@ def _check_state_dict(name: str, module: nn.Module, before: dict[str, Tensor], f
     return state
 
 
-def _check_fused_layout(name: str, state: dict[str, Tensor], fused: tuple[str, ...]) -> None:
-    """The weights in ``fused`` (state-dict names) lie in one memory, stored column-major."""
+def _check_fused_layout(name: str, state: dict[str, Tensor], fused: tuple[str, ...], by_columns: bool = True) -> None:
+    """The weights in ``fused`` (state-dict names) lie in one memory, stored column-major (row by row when built
+    with by_columns=False)."""
     first = state[fused[0]]
     apart = [key for key in fused[1:] if not _shares_memory(state[key], first)]
     if apart:
         fail(f"{name}'s {' and '.join(fused)} keep their own copies: {apart[0]} is not in the fused matrix's memory",
              _COPIES_FIX)
-    if not all(_column_major(state[key]) for key in fused):
+    if by_columns and not all(_column_major(state[key]) for key in fused):
         fail(f"{name}'s fused matrix is stored row by row (strides {first.stride()}), not column-major",
              "store it column-major (Step 2): fuse_weights does, so that x @ Wᵀ reads it in order")
+    if not by_columns and not all(state[key].is_contiguous() for key in fused):
+        fail(f"by_columns=False is ignored: {name}'s fused matrix is stored column-major (strides {first.stride()}), "
+             "not row by row", "pass by_columns on to fuse_weights: prepare_for_decode(layout=\"rows\") asks for rows "
+             "where column-major reads slower (bfloat16, on many CPUs)")
 
 
 # ------------------------------------------------------------------------------------------------- Int8Linear
@@ -234,12 +239,14 @@ def check_fused_swiglu(impl: type) -> None:
     else raise ``AssertionError``.
 
     Checked: the state dict keeps SwiGLU's names (w1.weight, w2.weight, w3.weight) and numbers; w1's and w3's weights
-    share one memory, column-major; outputs equal SwiGLU's, w2(silu(w1 x) ⊙ w3 x), for leading shapes (2, 3) and (4,)
-    in float64, and in float32; after load_state_dict of another SwiGLU's weights, the outputs are that SwiGLU's.
+    share one memory, column-major (row by row with by_columns=False); outputs equal SwiGLU's, w2(silu(w1 x) ⊙ w3 x),
+    for leading shapes (2, 3) and (4,) in float64, and in float32; after load_state_dict of another SwiGLU's weights,
+    the outputs are that SwiGLU's.
 
     Mistakes it recognises: the state dict changed (the Linears dropped, the fused matrix saved); w1 and w3 kept as
-    copies beside the fused matrix; the fused matrix row-major; the halves swapped (silu on w3's); silu left out; the
-    forward reading a copy that load_state_dict (or training) does not reach; another output dtype or shape.
+    copies beside the fused matrix; the fused matrix row-major; by_columns=False ignored (the float32 one is built
+    so); the halves swapped (silu on w3's); silu left out; the forward reading a copy that load_state_dict (or
+    training) does not reach; another output dtype or shape.
     """
     refuse_instance(impl, "check_fused_swiglu")
     check_signature(impl, ["ffn"], _SWIGLU)
@@ -265,9 +272,11 @@ def check_fused_swiglu(impl: type) -> None:
             ], _SWIGLU_FIX, rtol=1e-10, atol=1e-10)
         ffn32 = _swiglu(1, torch.float32)
         weights32 = {key: t.detach().double() for key, t in ffn32.state_dict().items()}
-        fused32 = call(f"{_SWIGLU}(SwiGLU({_D}, {_DFF}), float32)", impl, ffn32)
+        name32 = f"{_SWIGLU}(SwiGLU({_D}, {_DFF}), float32, by_columns=False)"
+        fused32 = call(name32, impl, ffn32, by_columns=False)
+        _check_fused_layout(name32, fused32.state_dict(), ("w1.weight", "w3.weight"), by_columns=False)
         x = torch.randn(2, 3, _D, generator=gen)
-        what = f"{_SWIGLU}(SwiGLU({_D}, {_DFF}), float32)(x of shape (2, 3, {_D}), float32)"
+        what = f"{name32}(x of shape (2, 3, {_D}), float32)"
         out = _swiglu_output(fused32, x, what)
         expected = reference.swiglu(x.double(), weights32["w1.weight"], weights32["w2.weight"], weights32["w3.weight"])
         diagnose(what, out, expected.float(), [], _SWIGLU_FIX, rtol=1e-5, atol=1e-6)
@@ -426,9 +435,10 @@ def check_fused_self_attention(impl: type) -> None:
     weights, the outputs are that attention's; float32 as well as float64.
 
     Mistakes it recognises: the state dict changed (the Linears dropped, the fused matrix saved); the q, k, v weights
-    kept as copies; the fused matrix row-major; equal thirds (a crash with grouped-query attention only); not causal;
-    RoPE missing; token_positions ignored; k and v swapped; strided heads; the cache not used; RoPE's positions
-    restarting at 0 with a cache; the forward reading a copy that load_state_dict does not reach; another output dtype.
+    kept as copies; the fused matrix row-major; by_columns=False ignored (the float32 one is built so); equal thirds
+    (a crash with grouped-query attention only); not causal; RoPE missing; token_positions ignored; k and v swapped;
+    strided heads; the cache not used; RoPE's positions restarting at 0 with a cache; the forward reading a copy that
+    load_state_dict does not reach; another output dtype.
     """
     refuse_instance(impl, "check_fused_self_attention")
     check_signature(impl, ["attn"], _ATTN)
@@ -438,9 +448,11 @@ def check_fused_self_attention(impl: type) -> None:
         _check_attention_config(impl, gen, 16, 4, 2, mha_passed=True)
         mha = _mha(3, 16, 4, 2, torch.float32)
         original = copy.deepcopy(mha)
-        fused = call(f"{_ATTN}(MultiHeadSelfAttention(16, 4, num_kv_heads=2), float32)", impl, mha)
+        name32 = f"{_ATTN}(MultiHeadSelfAttention(16, 4, num_kv_heads=2), float32, by_columns=False)"
+        fused = call(name32, impl, mha, by_columns=False)
+        _check_fused_layout(name32, fused.state_dict(), _PROJECTIONS, by_columns=False)
         x = torch.randn(2, 5, 16, generator=gen)
-        what = f"{_ATTN}(MultiHeadSelfAttention(16, 4, num_kv_heads=2), float32)(x of shape (2, 5, 16), float32)"
+        what = f"{name32}(x of shape (2, 5, 16), float32)"
         out = _attention_output(fused, x, what)
         with torch.no_grad():
             expected = original(x)
