@@ -10,9 +10,9 @@ from torch import nn
 
 from transformer_from_scratch.checks import (check_fused_self_attention, check_fused_swiglu, check_int8_linear,
                                              check_prepare_for_decode)
-from transformer_from_scratch.fast_decode import (FusedMatmul, FusedSelfAttention, FusedSwiGLU, Int8Linear,
-                                                  column_major, fuse_weights, int8_matmul, prepare_for_decode,
-                                                  quantize_int8, split_qkv)
+from transformer_from_scratch.fast_decode import (KERNEL_ROWS, FusedMatmul, FusedSelfAttention, FusedSwiGLU,
+                                                  Int8Linear, _has_int8_kernel, column_major, fuse_weights,
+                                                  int8_matmul, prepare_for_decode, quantize_int8, split_qkv)
 from transformer_from_scratch.linear import Linear
 from transformer_from_scratch.multihead_attention import _check_input
 from mutants import LEARNERS_LINEAR, Catalogue
@@ -177,6 +177,14 @@ class NotContiguous(Int8Linear):
         self.weight = torch.round(w / self.scale[:, None]).clamp(-127, 127).to(torch.int8)
 
 
+class ScalesNotCast(Int8Linear):
+    def forward(self, x):
+        if _has_int8_kernel(x) and x.numel() <= KERNEL_ROWS * x.shape[-1]:
+            rows = x.reshape(-1, x.shape[-1])
+            return torch._weight_int8pack_mm(rows, self.weight, self.scale).reshape(*x.shape[:-1], -1)
+        return super().forward(x)
+
+
 class Float32Out(Int8Linear):
     def forward(self, x):
         return super().forward(x).float()
@@ -194,6 +202,7 @@ INT8_MUTANTS = {
     "the float weight's product": (FloatProduct, "computes with the float weight"),
     "no float64 fallback": (NoFallback, "crashes on a float64 input"),
     "q not contiguous": (NotContiguous, "q is not contiguous"),
+    "scales not cast": (ScalesNotCast, "the kernel gets float32 scales for a bfloat16 input"),
     "float32 out": (Float32Out, "returned torch.float32 for a torch.float64 input"),
 }
 

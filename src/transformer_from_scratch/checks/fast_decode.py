@@ -150,6 +150,11 @@ def _int8_forward(layer: nn.Module, x: Tensor, q: Tensor, scale: Tensor, weight:
                 f"{_INT8} crashes on a float64 input: {what} raised {type(error).__name__} ({first_line(error)}): "
                 "PyTorch's int8 kernel exists only on the CPU for float32, bfloat16 and float16: elsewhere fall back "
                 "to Step 6's int8_matmul(x, self.weight, self.scale).") from error
+        if x.dtype != torch.float32 and isinstance(error, RuntimeError) and "expected scalar type" in str(error):
+            raise AssertionError(
+                f"the kernel gets float32 scales for a {dtype_name(x.dtype)} input: {what} raised "
+                f"{type(error).__name__} ({first_line(error)}): torch._weight_int8pack_mm takes the scales in the "
+                "input's dtype: self.scale.to(x.dtype) (the buffer itself stays float32).") from error
         if isinstance(error, RuntimeError) and "contiguous" in str(error):
             raise AssertionError(
                 f"q is not contiguous when the weight is column-major (a fused matrix, Step 2): {what} raised "
@@ -186,7 +191,8 @@ def check_int8_linear(impl: type) -> None:
     int8 stored as a Parameter, not a buffer; the weight not int8, or stored transposed; the scale not float32 or not
     (d_out,); non-persistent buffers (missing from the state dict); one scale for the whole matrix; the scale forgotten
     in the forward; the product computed with the float weight; a crash on float64 input (the kernel has no float64:
-    no fallback to Step 6); q not contiguous for a column-major weight (the kernel's crash); another output dtype.
+    no fallback to Step 6); float32 scales given to the kernel for a bfloat16 input (its crash); q not
+    contiguous for a column-major weight (the kernel's crash); another output dtype.
     """
     refuse_instance(impl, "check_int8_linear")
     check_signature(impl, ["weight"], _INT8)
