@@ -165,17 +165,17 @@ def test_make_workshop_opens_the_student_edition_of_notebook_01(tmp_path):
         assert _request(f"{workshop.base}/api/contents/notebooks/student/my_transformer/linear.py")[0] == 200
 
 
-_saved: list[bytes] = []  # what the current test's saves wrote to notebook 01
+_saved: list[bytes] = []  # what the current test's saves wrote to its notebook
 
 
 @contextmanager
-def _notebook_restored():
-    """Yield notebook 01's bytes; put them back afterwards whatever happens (and drop a new checkpoint).
+def _notebook_restored(notebook: str = NOTEBOOK):
+    """Yield the notebook's bytes; put them back afterwards whatever happens (and drop a new checkpoint).
 
     Once the test's own save has landed, only that save is undone: an edit someone made meanwhile stays.
     The bytes go back in one rename, so nobody reading the notebook meanwhile sees half a file.
     """
-    path, checkpoints = REPO / NOTEBOOK, REPO / "notebooks" / ".ipynb_checkpoints"
+    path, checkpoints = REPO / notebook, REPO / "notebooks" / ".ipynb_checkpoints"
     before, had_checkpoints = path.read_bytes(), checkpoints.exists()
     _saved.clear()
     try:
@@ -190,16 +190,16 @@ def _notebook_restored():
             shutil.rmtree(checkpoints, ignore_errors=True)
 
 
-def _open_in_jupyterlab(lab: Lab) -> dict:
-    """Notebook 01 as JupyterLab holds it after opening it and running it: what its autosave sends back."""
-    status, body = _request(f"{lab.base}/api/contents/{NOTEBOOK}")
+def _open_in_jupyterlab(lab: Lab, path: str = NOTEBOOK) -> dict:
+    """The notebook as JupyterLab holds it after opening it and running it: what its autosave sends back."""
+    status, body = _request(f"{lab.base}/api/contents/{path}")
     assert status == 200
     notebook = json.loads(body)["content"]
     # Served with the kernel's language_info, so the kernel's start (which writes it) changes nothing.
     assert notebook["metadata"]["language_info"] == kernel_language_info()
     views = [output["data"][WIDGET_VIEW] for cell in notebook["cells"] for output in cell.get("outputs", [])
              if WIDGET_VIEW in output.get("data", {})]
-    assert views, f"{NOTEBOOK} no longer shows a widget: this test would not exercise widget ids"
+    assert views or path != NOTEBOOK, f"{NOTEBOOK} no longer shows a widget: this test would not exercise widget ids"
     for view in views:
         view["model_id"] = uuid.uuid4().hex  # live models, which no later kernel has
     notebook["metadata"]["widgets"] = {"application/vnd.jupyter.widget-state+json": {
@@ -209,10 +209,10 @@ def _open_in_jupyterlab(lab: Lab) -> dict:
     return notebook
 
 
-def _save_from_jupyterlab(lab: Lab, notebook: dict) -> None:
-    status, body = _request(f"{lab.base}/api/contents/{NOTEBOOK}", "PUT",
+def _save_from_jupyterlab(lab: Lab, notebook: dict, path: str = NOTEBOOK) -> None:
+    status, body = _request(f"{lab.base}/api/contents/{path}", "PUT",
                             {"type": "notebook", "format": "json", "content": notebook})
-    _saved.append((REPO / NOTEBOOK).read_bytes())
+    _saved.append((REPO / path).read_bytes())
     assert status == 200, body.decode(errors="replace")
 
 
@@ -271,11 +271,15 @@ def test_opened_leaves_other_kernels_and_languages_alone():
     assert opened(unknown, kernel_version=None) == {"metadata": {"language_info": {"name": "python"}}}
 
 
-def test_saving_notebook_01_from_the_lab_writes_the_file_the_repo_holds(lab):
-    with _notebook_restored() as before:
-        _save_from_jupyterlab(lab, _open_in_jupyterlab(lab))
-        assert (REPO / NOTEBOOK).read_bytes() == before, "a save from JupyterLab changed the notebook"
-        test_project.test_notebook_is_saved_clean(REPO / NOTEBOOK)
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_saving_a_notebook_from_the_lab_writes_the_file_the_repo_holds(lab, notebook):
+    """Open, run (its widgets get live ids) and save every notebook through the lab's server: `git status` stays
+    clean."""
+    path = notebook.relative_to(REPO).as_posix()
+    with _notebook_restored(path) as before:
+        _save_from_jupyterlab(lab, _open_in_jupyterlab(lab, path), path)
+        assert (REPO / path).read_bytes() == before, f"a save from JupyterLab changed {path}"
+        test_project.test_notebook_is_saved_clean(REPO / path)
 
 
 def test_a_learners_change_saved_from_the_lab_is_kept(lab):
