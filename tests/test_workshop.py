@@ -1,13 +1,22 @@
 """The student edition is a workshop: the learner writes every step and every class, nothing on the page gives the
-final class away, a learner who writes every stub correctly can Run All through notebooks 01 to 12, in order, each
+final class away, a learner who writes every stub correctly can Run All through every notebook, in order, each
 importing the learner's own package, and a learner stuck on every final class can run them all on the reference.
 
 These tests build the student edition into a temporary folder. The Run All tests play the learner: they write into
 each stub the code of the guided edition's solution region (the stuck learner: all but the final class's, which is
-taken from the reference where it is met), and execute the twelve notebooks one after the other, in fresh kernels of
+taken from the reference where it is met), and execute every notebook one after the other, in fresh kernels of
 the project's Python, as JupyterLab would.
+
+Each of the two runs is also a learner's machine other than the one that saved the outputs: the written edition runs on
+one torch thread, the stuck one on four, with MKL's AVX2 kernels (MKL_CBWR=AVX2: the code path of a laptop whose CPU
+has no AVX-512). A learner's laptop has another core count and another processor, and a float32 sum in another order
+changes the last bits, which training amplifies (CONTRIBUTING.md, *Portable outputs*). So every cell that an edition
+shares with the guided notebook, the same source under the same id, must print what the guided notebook saved, as nbval
+would compare it (`make test` runs nbval itself at the machine's defaults): one run of each notebook checks the
+learner's Run All and the portability of its outputs.
 """
 
+import collections
 import concurrent.futures
 import difflib
 import functools
@@ -21,6 +30,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from nbval.plugin import get_sanitize_patterns
 
 from transformer_from_scratch._project import learner_notebook, repo_root
 from transformer_from_scratch.nbtools.export import STUDENT_PACKAGE
@@ -41,7 +51,21 @@ MIN_STEPS = 3  # learner-written, self-checked steps in each notebook's Build it
 # The edition runs below play the learner's code through every notebook, not its numbers: a notebook whose guided run
 # trains for minutes (nbval re-executes that in full) runs here at a size that takes seconds, by these replacements
 # in the copy, each of which must match its cell exactly once (a renamed size fails here, not silently).
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # each edition's kernels (they run side by side)
+# The machine each edition runs on (side by side on the two cores of CI): the written edition on one torch thread, the
+# stuck one on four with MKL's AVX2 kernels. Four threads on the two cores cost the whole run nothing measurable (884 s
+# and 914 s in two runs, against 877 s with four threads for 09-14 only, on 2026-12-07). torch caps OMP_NUM_THREADS at
+# the number of cores, and four threads must be four on a 2-core machine too: an IPython startup file sets them in each
+# kernel. Four threads on fewer cores wait for each other: OMP_WAIT_POLICY=PASSIVE lets a waiting thread sleep instead
+# of spinning (the same sums in the same order). MKL's processor-independent kernels (MKL_CBWR=COMPATIBLE, an older
+# CPU's code path) passed too, in every CI run up to 2026-11-29, at twice the time: run them by hand when a training
+# notebook's prints change.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+FOUR_THREADS = {"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4", "MKL_CBWR": "AVX2", "OMP_WAIT_POLICY": "PASSIVE"}
+MACHINES = {"written": ONE_THREAD, "stuck": FOUR_THREADS}
+STARTUP = """import os
+import torch
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+"""
 SMALLER = {"15_finetune.ipynb": [("STEPS, BATCH, LR = 20, 16, 4e-3", "STEPS, BATCH, LR = 2, 4, 4e-3"),
                                  ('split="test")) for _ in range(200)]', 'split="test")) for _ in range(20)]')],
            "16_fast_decode.ipynb": [("new: int = 16, repeats: int = 2)", "new: int = 4, repeats: int = 1)"),
@@ -266,9 +290,10 @@ def _fill(student: dict, guided: dict) -> int:
     return filled
 
 
-def _run_edition(course: Path, write, *, allow_errors: bool = False) -> tuple[Path, dict]:
+def _run_edition(course: Path, write, machine, *, allow_errors: bool = False) -> tuple[Path, dict]:
     """Build the student edition into course/notebooks/student, let write(student, guided, name) play the learner on
-    each notebook (in place), then run 01 to 12 in order, in fresh kernels: the folder and the executed notebooks."""
+    each notebook (in place), then run them all in order, in fresh kernels, each with the environment machine:
+    the folder and the executed notebooks."""
     (course / "notebooks").mkdir()
     (course / "notebooks" / "data").symlink_to(REPO / "notebooks" / "data")  # the corpus, at ../data as in a clone
     out = course / "notebooks" / "student"
@@ -278,11 +303,15 @@ def _run_edition(course: Path, write, *, allow_errors: bool = False) -> tuple[Pa
         write(student, nbformat.read(notebook, as_version=4), notebook.name)
         _make_smaller(student, notebook.name)
         nbformat.write(student, out / notebook.name)
+    startup = course / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-threads.py").write_text(STARTUP)
     executed = {}
     for notebook in NOTEBOOKS:
         nb = nbformat.read(out / notebook.name, as_version=4)
         NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(out)}},
-                       allow_errors=allow_errors).execute(env={**os.environ, **ONE_THREAD})
+                       allow_errors=allow_errors).execute(
+            env={**os.environ, **machine, "IPYTHONDIR": str(course / "ipython")})
         executed[notebook.name] = nb
     return out, executed
 
@@ -300,22 +329,22 @@ def _write_everything(student: dict, guided: dict, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def editions(tmp_path_factory):
-    """Both Run All plays below, at once: each kernel on one torch thread, the two side by side on two cores (the
-    notebooks' Python runs on one core; one after the other they took twice as long)."""
+    """Both Run All plays below, at once, each on its machine (MACHINES), side by side on two cores (the notebooks'
+    Python runs on one core; one after the other they took twice as long)."""
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        written = pool.submit(_run_edition, tmp_path_factory.mktemp("course"), _write_everything)
+        written = pool.submit(_run_edition, tmp_path_factory.mktemp("course"), _write_everything, MACHINES["written"])
         stuck = pool.submit(_run_edition, tmp_path_factory.mktemp("stuck"), _write_all_but_the_final_class,
-                            allow_errors=True)
+                            MACHINES["stuck"], allow_errors=True)
         return {"written": written.result(), "stuck": stuck.result()}
 
 
 @pytest.fixture(scope="module")
 def written_edition(editions):
-    """The student edition of 01 to 12 with every stub written (the guided solution), run in order."""
+    """The student edition of every notebook with every stub written (the guided solution), run in order."""
     return editions["written"]
 
 
-def test_run_all_works_from_01_to_12_on_the_learners_own_package(written_edition):
+def test_run_all_works_through_every_notebook_on_the_learners_own_package(written_edition):
     out, executed = written_edition
     assert list(executed) == [nb.name for nb in NOTEBOOKS]
     for name, nb in executed.items():
@@ -349,8 +378,8 @@ def _write_all_but_the_final_class(student: dict, guided: dict, name: str) -> No
 
 @pytest.fixture(scope="module")
 def stuck_edition(editions):
-    """01 to 12 with every step and exercise written but no final class: each is taken from the reference where its
-    stubs are met (the line their errors suggest), and every notebook is run to the end, in order."""
+    """Every notebook with every step and exercise written but no final class: each is taken from the reference
+    where its stubs are met (the line their errors suggest), and every notebook is run to the end, in order."""
     return editions["stuck"]
 
 
@@ -366,3 +395,120 @@ def test_a_learner_stuck_on_every_final_class_runs_every_notebook_on_the_referen
     for module in (out / STUDENT_PACKAGE).glob("*.py"):
         if module.name != "__init__.py":
             assert module.read_text(encoding="utf-8").startswith("# The course's reference"), module.name
+
+
+# nbval's comparison: these keys of an output, and of its data, are not compared (a widget's model id is random,
+# figures are compared by their text); the sanitizer's patterns are applied to the rest.
+NOT_COMPARED = {"metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
+                "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg"}
+SANITIZE = get_sanitize_patterns((REPO / "tests" / "nbval_sanitize.cfg").read_text(encoding="utf-8"))
+# A final check's verdict names the learner's code: the student edition's may say what waits for a later notebook
+# (check_generate in 10: "the cache's part waits for your KVCache of notebook 12"). The planted mistakes test it.
+VERDICT = "✓ check_"
+# What the student edition prints otherwise by design: its folder is notebooks/student/, so the corpus is at ../data/;
+# a stuck learner's class is the reference's, named by its module where the guided notebook's lives in __main__.
+EDITION = [(r"\.\./data/", "data/"), (r"\b(?:__main__|transformer_from_scratch\.\w+)\.(?=\w)", "")]
+IGNORED = re.compile(r"^#\s*NBVAL_(IGNORE_OUTPUT|SKIP)", re.MULTILINE)
+
+
+def _compared(outputs: list[dict]) -> dict[str, list]:
+    """The outputs of a cell as nbval compares them: by key (a stream's name, a MIME type), values in order, with
+    consecutive writes to one stream joined (how they arrive in pieces depends on timing) and sanitized (nbval's
+    patterns, then EDITION's); a final check's verdict left out."""
+    by_key = collections.defaultdict(list)
+    last_stream = None
+    for output in outputs:
+        if output["output_type"] == "stream":
+            text = "".join(line for line in output["text"].splitlines(keepends=True) if not line.startswith(VERDICT))
+            if last_stream == output["name"]:
+                by_key[output["name"]][-1] += text
+            else:
+                by_key[output["name"]].append(text)
+            last_stream = output["name"]
+            continue
+        last_stream = None
+        for key, value in output.items():
+            if key == "data":
+                for mime, data in value.items():
+                    if mime not in NOT_COMPARED:
+                        by_key[mime].append(data if isinstance(data, str) else json.dumps(data, sort_keys=True))
+            elif key not in NOT_COMPARED:
+                by_key[key].append(value)
+    for values in by_key.values():
+        for i, value in enumerate(values):
+            for regex, replace in [*SANITIZE, *EDITION]:
+                value = re.sub(regex, replace, value) if isinstance(value, str) else value
+            values[i] = value
+    return dict(by_key)
+
+
+def differing_outputs(executed: dict, guided: dict, until: str | None = None) -> list[str]:
+    """The code cells that `executed` shares with the guided notebook (the same id, the same source, not marked for
+    nbval to skip), up to the cell `until` (an id) if given, whose outputs differ from the saved ones: for each, its
+    id and a short diff."""
+    saved = {cell["id"]: cell for cell in guided["cells"] if cell["cell_type"] == "code"}
+    differing = []
+    for cell in executed["cells"]:
+        if cell.get("id") == until:
+            break
+        reference = saved.get(cell.get("id"))
+        if (reference is None or _source(reference) != _source(cell) or IGNORED.search(_source(cell))
+                or "nbval-ignore-output" in reference.get("metadata", {}).get("tags", [])):
+            continue
+        ours, theirs = _compared(cell["outputs"]), _compared(reference["outputs"])
+        if ours != theirs:
+            diff = difflib.unified_diff(json.dumps(theirs, indent=1).splitlines(),
+                                        json.dumps(ours, indent=1).splitlines(), "saved", "run", n=1, lineterm="")
+            differing.append(f"cell {cell['id']}:\n" + "\n".join(list(diff)[2:14]))
+    return differing
+
+
+def _first_made_smaller(guided: dict, name: str) -> str | None:
+    """The id of the first cell that SMALLER changes in the notebook `name`, None if it changes none."""
+    changed = {i for i, cell in enumerate(guided["cells"]) for old, _ in SMALLER.get(name, []) if old in _source(cell)}
+    return guided["cells"][min(changed)]["id"] if changed else None
+
+
+@pytest.mark.parametrize("edition", list(MACHINES))
+def test_every_shared_cell_prints_what_the_guided_notebook_saved(edition, editions):
+    """The portability of the saved outputs, on each edition's machine. A notebook that SMALLER shrinks is compared
+    up to the first cell it changes, whose numbers differ by design (15 passed whole at one thread and at four by
+    hand on 2026-11-29, 16 on 2026-12-07: run them by hand when their prints change)."""
+    _, executed = editions[edition]
+    problems = []
+    for notebook in NOTEBOOKS:
+        guided = nbformat.read(notebook, as_version=4)
+        differing = differing_outputs(executed[notebook.name], guided, _first_made_smaller(guided, notebook.name))
+        if differing:
+            problems.append(f"{notebook.name} on {MACHINES[edition]}: {len(differing)} cells print "
+                            f"other text than the guided notebook saved; the first:\n{differing[0]}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_comparison_is_nbvals():
+    """differing_outputs flags a changed number and nothing that nbval lets pass: a stream that arrived in pieces,
+    another figure, a sanitized address, a cell the learner wrote (another source), one nbval is told to skip; nor a
+    final check's verdict, nor the module a function is named by."""
+    def notebook(*cells):
+        return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source, id=f"c{i}", outputs=outputs)
+                                               for i, (source, outputs) in enumerate(cells)])
+
+    def stream(text):
+        return nbformat.v4.new_output("stream", name="stdout", text=text)
+
+    def figure(png, text="<Figure size 640x480 with 1 Axes>"):
+        return nbformat.v4.new_output("display_data", data={"image/png": png, "text/plain": text})
+
+    saved = notebook(("print(loss)", [stream("loss 0.25\n✓ check_x: all\nat 0x7f00aa11bb22 of __main__.f\n")]),
+                     ("plot()", [figure("AAAA")]), ("x = 1  # the learner's", [stream("1\n")]),
+                     ("# NBVAL_IGNORE_OUTPUT\nt()", [stream("1 s\n")]))
+    run = notebook(("print(loss)", [stream("loss 0.25\n✓ check_x: part\n"),
+                                    stream("at 0x7f00cc33dd44 of transformer_from_scratch.linear.f\n")]),
+                   ("plot()", [figure("BBBB")]), ("x = 2", [stream("2\n")]),
+                   ("# NBVAL_IGNORE_OUTPUT\nt()", [stream("2 s\n")]))
+    assert differing_outputs(run, saved) == []
+    run.cells[0].outputs[0]["text"] = "loss 0.26\n"
+    assert [line.splitlines()[0] for line in differing_outputs(run, saved)] == ["cell c0:"]
+    assert differing_outputs(run, saved, until="c0") == []
+    run.cells[1].outputs[0]["data"]["text/plain"] = "<Figure size 640x480 with 2 Axes>"
+    assert len(differing_outputs(run, saved, until="c2")) == 2
