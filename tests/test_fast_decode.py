@@ -359,3 +359,27 @@ def test_smollm2_greedy_reply_is_unchanged_by_prepare_for_decode(smollm2):
         logits = model(torch.cat([ids, reply[:-1]]).unsqueeze(0))[0, len(ids) - 1:]
     assert torch.equal(logits.argmax(-1), reply)
     assert tokenizer.decode(reply.tolist()).startswith("The capital of France is Paris.")
+
+
+# --- make bench's compiled row: its static-shape step -------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_the_benchmarks_static_step_gives_the_prepared_models_logits(dtype):
+    """The step `make bench --only decode` compiles (full cache buffers, a mask, the position as a tensor) gives,
+    eagerly, at every position after a prompt, the logits of the same model's forward with notebook 12's cache: the
+    bench's compiled row times the same function (grouped heads, so enable_gqa is exercised)."""
+    from transformer_from_scratch.benchmark.__main__ import _static_step
+
+    model = prepare_for_decode(lm(dtype=dtype, kv=2, seed=3))
+    ids = torch.tensor([1, 5, 2, 7, 3, 11, 4, 9, 0, 12])
+    prompt = 4
+    theirs, ours = KVCache.for_model(model, max_seq_len=len(ids)), KVCache.for_model(model, max_seq_len=len(ids))
+    step = _static_step(model, ours)
+    with torch.no_grad():
+        model(ids[None, :prompt], cache=theirs)
+        model(ids[None, :prompt], cache=ours)
+        for position in range(prompt, len(ids)):
+            expected = model(ids[None, position:position + 1], cache=theirs)[0]
+            torch.testing.assert_close(step(ids[position:position + 1], torch.tensor([position])), expected,
+                                       **TOLERANCE[dtype])
+    torch.testing.assert_close(ours[0].keys, theirs[0].keys, **TOLERANCE[dtype])

@@ -43,8 +43,9 @@ allocator, a clean peak-memory reading, no compiled code left over from another 
   table measured in one run, each row in a fresh process, the same threads for all: greedy, a ChatML prompt (44
   tokens) and 64 new ones, in float32: Hugging Face's `model.generate` (its EOS switched off, so that it runs the 64
   tokens with the greedy ids unchanged), ours through `generate` on the model as `load_gguf` gives it (plain),
-  after `fast_decode.prepare_for_decode` (fuse: what `make chat` ships) and after `prepare_for_decode(int8=True)`,
-  plain and fused in bfloat16 too, and llama.cpp (llama-cpp-python, the optional `bench-llama` extra, built from
+  after `fast_decode.prepare_for_decode` (fuse: what `make chat` ships), the prepared weights in a static-shape step
+  under `torch.compile` (unless --no-compile; its compile time below the table), after
+  `prepare_for_decode(int8=True)`, plain and fused in bfloat16 too, and llama.cpp (llama-cpp-python, the optional `bench-llama` extra, built from
   source: see the Makefile's bench target) on the GGUF file itself, its Q4_1/Q8_0 blocks as they are, when
   `llama_cpp` is importable; tokens/s (the prompt's forward included), × HF, the seconds to the first token, the
   bytes a step reads (ours: `fast_decode.decode_bytes` at the mean cache length; HF: its parameters' bytes;
@@ -719,10 +720,11 @@ def pretrained_report(rounds: int) -> str:
 # ---------------------------------------------------------------- SmolLM2's decode: prepare_for_decode, HF, llama.cpp
 
 FAST_DECODE = dict(new_tokens=64, decodes=2)
-FAST_DECODE_ROWS = [("hf", "float32"), ("plain", "float32"), ("fused", "float32"), ("int8", "float32"),
-                    ("plain", "bfloat16"), ("fused", "bfloat16"), ("llama.cpp", "gguf")]
+FAST_DECODE_ROWS = [("hf", "float32"), ("plain", "float32"), ("fused", "float32"), ("compiled", "float32"),
+                    ("int8", "float32"), ("plain", "bfloat16"), ("fused", "bfloat16"), ("llama.cpp", "gguf")]
 FAST_DECODE_LABELS = {"hf": "HF transformers `model.generate`", "plain": "ours, `generate` (plain)",
                       "fused": "ours, `prepare_for_decode` (fuse: what `make chat` ships)",
+                      "compiled": "ours, prepared, a static-shape step under `torch.compile`",
                       "int8": "ours, `prepare_for_decode(int8=True)`",
                       "llama.cpp": "llama.cpp (llama-cpp-python, the GGUF's own Q4_1/Q8_0 blocks)"}
 LLAMA_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
@@ -766,11 +768,56 @@ def _llama_decoder(path, prompt_ids: list[int], threads: int):
     return decode, sum(int(tensor.n_bytes) for tensor in gguf.GGUFReader(path).tensors)
 
 
+def _static_step(model, caches: list):
+    """A decode step of the prepared model (FusedSelfAttention and FusedSwiGLU blocks) that torch.compile can
+    compile once: every shape fixed whatever the position. `generate`'s step attends over the cache's filled length
+    and places RoPE by a Python range, so its shapes and constants change every token, and a compiled model recompiles
+    at each length (dynamo's limit of 8 recompilations, about a minute each on 2 cores, then eager). This step reads
+    the same weights but takes the position as a tensor: it writes the new key and value into the caches' full
+    buffers (index_copy_) and attends over all of them, the positions after it masked out. step(token (1,), pos (1,))
+    -> logits (1, vocab)."""
+    import torch
+    import torch.nn.functional as F
+
+    first = model.layers[0].attn
+    heads, kv_heads, d_k = first.num_heads, first.num_kv_heads, first.d_k
+    cos_table, sin_table = first.rope.cos_table, first.rope.sin_table
+    length = caches[0].keys.shape[2]
+
+    def norm(x, module):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.eps) * module.weight
+
+    def rope(x, pos):  # (1, h, 1, d_k): pair k is x[2k], x[2k+1], as notebook 06's
+        cos, sin = cos_table[pos], sin_table[pos]
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), -1).flatten(-2)
+
+    def step(token, pos):
+        x = model.token_embeddings.weight[token]
+        mask = (torch.arange(length, device=pos.device) <= pos).view(1, 1, 1, length)
+        for block, cache in zip(model.layers, caches):
+            attn, ffn = block.attn, block.ffn
+            q, k, v = (norm(x, block.ln1) @ attn.qkv.weight.T).split((heads * d_k, kv_heads * d_k, kv_heads * d_k), -1)
+            q = rope(q.view(1, 1, heads, d_k).transpose(1, 2), pos)
+            k = rope(k.view(1, 1, kv_heads, d_k).transpose(1, 2), pos)
+            cache.keys.index_copy_(2, pos, k)
+            cache.values.index_copy_(2, pos, v.view(1, 1, kv_heads, d_k).transpose(1, 2))
+            a = F.scaled_dot_product_attention(q, cache.keys, cache.values, attn_mask=mask, enable_gqa=True)
+            x = x + a.transpose(1, 2).reshape(1, heads * d_k) @ attn.out.weight.T
+            gate, up = (norm(x, block.ln2) @ ffn.w13.weight.T).split(ffn.d_ff, -1)
+            x = x + (F.silu(gate) * up) @ ffn.down.weight.T
+        return norm(x, model.ln_final) @ model.lm_head.weight.T
+
+    return step
+
+
 def measure_fast_decode(row: str, dtype_name: str) -> dict:
     """One process: SmolLM2's greedy decode of FAST_DECODE["new_tokens"] ids after the ChatML prompt, by `row`
     ("hf": transformers' model.generate, its EOS switched off; "plain", "fused", "int8": our generate on the model
     of load_gguf, as loaded, after prepare_for_decode, after prepare_for_decode(int8=True), shape checks off as make
-    chat runs; "llama.cpp": llama-cpp-python on the GGUF file, `dtype_name` "gguf"), one decode to warm up, then the
+    chat runs; "compiled": the prompt through the prepared model's forward into the caches, then _static_step under
+    torch.compile (on the inductor cache of TORCHINDUCTOR_CACHE_DIR, which the report sets); "llama.cpp":
+    llama-cpp-python on the GGUF file, `dtype_name` "gguf"), one decode to warm up (its seconds: compile_s), then the
     best of FAST_DECODE["decodes"]: tokens/s of the whole call (the prompt's forward included), the seconds to the
     first new token, the steps/s after it, the ids, and the bytes one step reads."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -828,9 +875,29 @@ def measure_fast_decode(row: str, dtype_name: str) -> dict:
             ids = tfs.generate(model, prompt, n, temperature=0.0, on_token=lambda _: times.append(time.perf_counter()))
             return ids.tolist(), times
 
+        if row == "compiled":
+            from transformer_from_scratch.kv_cache import KVCache
+
+            caches = KVCache.for_model(model, max_seq_len=len(prompt_ids) + new)
+            step = torch.compile(_static_step(model, caches), fullgraph=True)
+
+            def decode(n: int) -> tuple[list[int], list[float]]:  # noqa: F811 (the compiled row's own)
+                for cache in caches:
+                    cache.reset()
+                logits = model(prompt[None], cache=caches)[0, -1:]  # the prompt's keys and values, as generate
+                ids, times = [], []
+                for position in range(len(prompt_ids), len(prompt_ids) + n):
+                    ids.append(logits.argmax(-1))
+                    times.append(time.perf_counter())
+                    if len(ids) < n:
+                        logits = step(ids[-1], torch.tensor([position]))
+                return torch.cat(ids).tolist(), times
+
     best = dict(tokens_per_s=0.0, steps_per_s=0.0, first_token_s=float("inf"))
     with torch.no_grad():
-        decode(4)  # warm up: the first call pays for its set-up
+        start = time.perf_counter()
+        decode(4)  # warm up: the first call pays for its set-up (the compiled row: compiling)
+        best["compile_s"] = time.perf_counter() - start
         for _ in range(FAST_DECODE["decodes"]):
             start = time.perf_counter()
             ids, times = decode(new)
@@ -841,9 +908,9 @@ def measure_fast_decode(row: str, dtype_name: str) -> dict:
     return dict(best, ids=ids, bytes=nbytes, threads=threads, prompt_tokens=len(prompt_ids), version=version)
 
 
-def fast_decode_report(rounds: int) -> str:
-    """The decode section: SmolLM2's greedy decode, ours (plain, prepared, int8) against transformers and llama.cpp,
-    with the bandwidth each reaches."""
+def fast_decode_report(rounds: int, compile_rows: bool = True) -> str:
+    """The decode section: SmolLM2's greedy decode, ours (plain, prepared, compiled unless compile_rows is False,
+    int8) against transformers and llama.cpp, with the bandwidth each reaches."""
     import importlib.util
 
     try:
@@ -854,16 +921,23 @@ def fast_decode_report(rounds: int) -> str:
     except (FileNotFoundError, ImportError) as error:
         return f"**Decode** (SmolLM2-135M-Instruct): not measured ({error}).\n"
     llama = importlib.util.find_spec("llama_cpp") is not None
-    rows = [(row, dtype) for row, dtype in FAST_DECODE_ROWS if llama or row != "llama.cpp"]
+    rows = [(row, dtype) for row, dtype in FAST_DECODE_ROWS
+            if (llama or row != "llama.cpp") and (compile_rows or row != "compiled")]
     copies, best = [], {}
-    for round_ in range(rounds):
-        copies.append(_run_child("copy", "-", "cpu")["bytes_per_s"])
-        for row, dtype in rows:
-            print(f"  decode: {row}, {dtype} (round {round_ + 1} of {rounds}) …", file=sys.stderr, flush=True)
-            result = _run_child("fast_decode", row, dtype)
-            old = best.setdefault((row, dtype), result)
-            for key, better in (("tokens_per_s", max), ("steps_per_s", max), ("first_token_s", min)):
-                old[key] = better(old[key], result[key])
+    compiles = []  # the compiled row's compile seconds, process by process, all on one inductor cache
+    with tempfile.TemporaryDirectory(prefix="inductor-") as inductor_cache:
+        for round_ in range(rounds):
+            copies.append(_run_child("copy", "-", "cpu")["bytes_per_s"])
+            for row, dtype in rows:
+                print(f"  decode: {row}, {dtype} (round {round_ + 1} of {rounds}) …", file=sys.stderr, flush=True)
+                # the compiled row: an empty cache first (a first run's compile), then the one it left (a later run's)
+                for _ in range(2 if row == "compiled" and round_ == 0 else 1):
+                    result = _run_child("fast_decode", row, dtype,
+                                        {"TORCHINDUCTOR_CACHE_DIR": inductor_cache} if row == "compiled" else {})
+                    compiles += [result["compile_s"]] if row == "compiled" else []
+                    old = best.setdefault((row, dtype), result)
+                    for key, better in (("tokens_per_s", max), ("steps_per_s", max), ("first_token_s", min)):
+                        old[key] = better(old[key], result[key])
     copy = max(copies)
     hf, plain = best[("hf", "float32")], best[("plain", "float32")]
     threads = plain["threads"]
@@ -877,7 +951,10 @@ def fast_decode_report(rounds: int) -> str:
              f"**Decode**, SmolLM2-135M-Instruct from the GGUF file of `make weights`: greedy, a ChatML prompt of "
              f"{plain['prompt_tokens']} tokens, {new} new ones; ours through `generate` (shape checks off, as `make "
              f"chat` runs) on the model as `load_gguf` gives it (plain), after `fast_decode.prepare_for_decode` "
-             f"(q/k/v and w1/w3 fused, each matrix in the layout `faster_layout` measured) and after `prepare_for_decode(int8=True)`; "
+             f"(q/k/v and w1/w3 fused, each matrix in the layout `faster_layout` measured), "
+             + ("the prepared weights in a static-shape step under `torch.compile` (the prompt through the "
+                "prepared model; its compile time below the table), " if compile_rows else "") +
+             f"and after `prepare_for_decode(int8=True)`; "
              f"Hugging Face's `model.generate(..., do_sample=False)` with its EOS switched off (so the {new} greedy "
              f"ids are its argmaxes)" + ("; llama.cpp on the GGUF file itself (its Q4_1 matrices and Q8_0 "
                                          "embedding, never dequantized), the same ids in, argmax of its logits out"
@@ -906,6 +983,17 @@ def fast_decode_report(rounds: int) -> str:
                      f"{r['bytes'] / 1e6:,.0f} | {rate / 1e9:.1f} | {rate / copy:.0%} | {agree} |")
     fused, int8 = best[("fused", "float32")], best[("int8", "float32")]
     share = fused["steps_per_s"] * fused["bytes"] / copy
+    if compile_rows:
+        compiled = best[("compiled", "float32")]
+        cold, warm = compiles[0], min(compiles[1:])
+        saved = 1 / fused["steps_per_s"] - 1 / compiled["steps_per_s"]  # seconds a token
+        pays = [(seconds - fused["compile_s"]) / saved if saved > 0 else -1.0 for seconds in (cold, warm)]
+        lines += ["", f"torch.compile: the static-shape step compiled in {cold:.0f} s in its first process (an empty "
+                  f"inductor cache), {warm:.0f} s in a later one (the cache on disk it left), not counted in its row "
+                  f"(its first decode); its steps run at {compiled['steps_per_s'] / fused['steps_per_s']:.2f}× the "
+                  f"prepared model's ({compiled['steps_per_s']:.1f} against {fused['steps_per_s']:.1f} steps/s)" +
+                  (f", so compiling pays for itself after about {pays[0]:,.0f} tokens, {pays[1]:,.0f} with the "
+                   "cache." if saved > 0 else ": it does not pay.")]
     if llama:
         ratio = fused["tokens_per_s"] / best[("llama.cpp", "gguf")]["tokens_per_s"]
         versus_llama = f"{_verdict(ratio, 0.5)} ({ratio:.2f}× llama.cpp's tokens/s)"
@@ -1100,10 +1188,10 @@ def _version(package: str) -> str:
     return version(package)
 
 
-def _run_child(kind: str, row: str, device: str) -> dict:
-    """Run one measurement in a fresh interpreter and return its JSON result."""
+def _run_child(kind: str, row: str, device: str, env: dict | None = None) -> dict:
+    """Run one measurement in a fresh interpreter (env: variables added to this one's) and return its JSON result."""
     command = [sys.executable, "-m", "transformer_from_scratch.benchmark", "--child", kind, row, device]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env={**os.environ, **(env or {})})
     if done.returncode != 0:
         raise RuntimeError(f"benchmark row {kind}/{row} on {device} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -1319,7 +1407,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.only in (None, "pretrained"):
         parts.append(pretrained_report(min(args.rounds, 2)))  # ~1 min a round on 2 cores
     if args.only in (None, "decode"):
-        parts.append(fast_decode_report(min(args.rounds, 2)))  # 15 min a round on 2 busy cores
+        parts.append(fast_decode_report(min(args.rounds, 2), not args.no_compile))  # 15 min a round on 2 busy cores
     if args.only in (None, "finetune"):
         parts.append(finetune_report(min(args.rounds, 2)))  # ~2 min a round on 2 cores
     text = "\n".join(parts)
