@@ -42,15 +42,15 @@ allocator, a clean peak-memory reading, no compiled code left over from another 
 * decode (`--only decode` for this part alone; needs `make weights`): how fast SmolLM2-135M-Instruct decodes, one
   table measured in one run, each row in a fresh process, the same threads for all: greedy, a ChatML prompt (44
   tokens) and 64 new ones, in float32: Hugging Face's `model.generate` (its EOS switched off, so that it runs the 64
-  tokens with the greedy ids unchanged), ours through `generate` on the model as `load_gguf` gives it (plain),
-  after `fast_decode.prepare_for_decode` (fuse: what `make chat` ships), the prepared weights in a static-shape step
-  under `torch.compile` (unless --no-compile; its compile time below the table), after
-  `prepare_for_decode(int8=True)`, plain and fused in bfloat16 too, and llama.cpp (llama-cpp-python, the optional `bench-llama` extra, built from
-  source: see the Makefile's bench target) on the GGUF file itself, its Q4_1/Q8_0 blocks as they are, when
-  `llama_cpp` is importable; tokens/s (the prompt's forward included), × HF, the seconds to the first token, the
-  bytes a step reads (ours: `fast_decode.decode_bytes` at the mean cache length; HF: its parameters' bytes;
-  llama.cpp: the file's tensor bytes), the weight bandwidth that reaches over the steps after the first token, its
-  share of the copy bandwidth measured in the same run, and where the greedy tokens first differ from ours plain's.
+  tokens with the greedy ids unchanged), ours through `generate` on the model as `load_gguf` gives it (plain), after
+  `fast_decode.prepare_for_decode` (fuse: what `make chat` ships), the prepared weights in a static-shape step under
+  `torch.compile` (unless --no-compile; its compile time below the table), after `prepare_for_decode(int8=True)`,
+  plain and fused in bfloat16 too, and llama.cpp (llama-cpp-python, the optional `bench-llama` extra, built from
+  source: see the Makefile's bench target) on the GGUF file itself, its Q4_1/Q8_0 blocks as they are, when `llama_cpp`
+  is importable; tokens/s (the prompt's forward included), × HF, the seconds to the first token, the bytes a step
+  reads (ours: `fast_decode.decode_bytes` at the mean cache length; HF: its parameters' bytes; llama.cpp: the file's
+  tensor bytes), the weight bandwidth that reaches over the steps after the first token, its share of the copy
+  bandwidth measured in the same run, and where the greedy tokens first differ from ours plain's.
 * finetune (`--only finetune` for this part alone; needs `make weights`): one training step of `make finetune`
   (forward, backward, clipping, AdamW; its first batch: 16 questions of notebook 15's task) on SmolLM2-135M-Instruct
   in float32, ours (`apply_lora`, the course's AdamW) against transformers + peft (`get_peft_model`,
