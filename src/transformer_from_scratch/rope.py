@@ -1,6 +1,6 @@
 # Generated from notebooks/06_rope.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: d814a8b7f82e7ec02b4c7c37571f2fe450b0d804c50a4b9a7610079d64caff0f
+# body-sha256: 541f887fd7c8a83297107858318b99e77afb2a2d52b0f40fa197d094e8aff59c
 
 import torch
 from jaxtyping import Float, Int
@@ -45,7 +45,6 @@ class RotaryPositionalEmbedding(nn.Module):
     queries and keys (never values), it makes the score q_m · k_n depend on the positions only through m - n.
     No parameters: cos and sin of every angle are computed once, two (max_seq_len, d_k/2) tables kept as the
     non-persistent buffers cos_table and sin_table (they follow .to(device), stay out of the state dict).
-
     Args: theta, the base Θ of the frequencies (10,000 in RoFormer and Llama); d_k, the even size of the vectors
     to rotate (a head's query/key size); max_seq_len, for positions 0 … max_seq_len - 1; device, for the tables.
     """
@@ -62,9 +61,8 @@ class RotaryPositionalEmbedding(nn.Module):
         self.register_buffer("sin_table", angles.sin().to(device=device, dtype=torch.float32), persistent=False)
 
     @shape_checked
-    def forward(
-        self, x: Float[Tensor, "*batch seq d_k"], token_positions: Int[Tensor, "*#batch seq"] | range
-    ) -> Float[Tensor, "*batch seq d_k"]:
+    def forward(self, x: Float[Tensor, "*batch seq d_k"],
+                token_positions: Int[Tensor, "*#batch seq"] | range) -> Float[Tensor, "*batch seq d_k"]:
         """Rotate each token's pairs by the angles of its position: same shape and dtype as x (..., seq, d_k).
 
         token_positions (..., seq): integers in [0, max_seq_len), leading dimensions broadcasting against x's ((seq,)
@@ -76,10 +74,12 @@ class RotaryPositionalEmbedding(nn.Module):
         compute = torch.promote_types(x.dtype, torch.float32)  # half precision is rotated in float32
         cos = self.cos_table[token_positions].to(compute)  # (..., seq, d_k/2): one angle per token and pair
         sin = self.sin_table[token_positions].to(compute)
+        if torch.compiler.is_compiling():  # inductor generates no code for complex numbers: Step 4's rotation instead
+            even, odd = x[..., 0::2].to(compute), x[..., 1::2].to(compute)
+            return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2).to(x.dtype)
         # Pair k as the complex number x[2k] + i·x[2k+1]: the rotation by θ is one multiplication by cos θ + i·sin θ.
         pairs = x.to(compute).unflatten(-1, (-1, 2))  # (..., seq, d_k/2, 2): a view, no copy
-        if pairs.stride(-1) != 1 or any(s % 2 for s in pairs.stride()[:-1]) or (
-                not torch.compiler.is_compiling() and pairs.storage_offset() % 2):  # x[1:] of a flat tensor, say
+        if pairs.stride(-1) != 1 or any(s % 2 for s in pairs.stride()[:-1]) or pairs.storage_offset() % 2:  # x.T, x[1:]
             pairs = pairs.clone(memory_format=torch.contiguous_format)  # view_as_complex: neighbours, even offset
         rotated = torch.view_as_complex(pairs) * torch.complex(cos, sin)
         return torch.view_as_real(rotated).flatten(-2).to(x.dtype)  # back to x[2k], x[2k+1], x's dtype
