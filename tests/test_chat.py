@@ -348,14 +348,25 @@ def test_int8_quantizes_every_matrix(tiny, chatted, capsys):
     assert f"{sum(p.numel() for p in loaded.parameters()) / 1e6:.1f} M parameters, float32" in err
 
 
-def test_int8_and_no_fast_together_are_refused_before_the_load(monkeypatch, capsys):
+def test_compile_compiles_before_the_first_prompt_and_keeps_the_reply(tiny, chatted, capsys):
+    out, err = reply(tiny, capsys, "--compile")
+    model, = chatted
+    assert model.forward.__func__.__name__ == "_compiled_forward"
+    lines = err.splitlines()
+    compiling = lines.index("[compiling the decode step (torch.compile): about a minute on 2 cores, once]")
+    assert lines[compiling + 1].startswith("[compiled in ") and "(prepare_for_decode, compiled)" in err
+    assert out == reply(tiny, capsys, "--no-fast")[0]  # greedy: the same reply as the plain model's
+
+
+@pytest.mark.parametrize("flag", ["--int8", "--compile"])
+def test_a_fast_flag_and_no_fast_together_are_refused_before_the_load(flag, monkeypatch, capsys):
     def load(*args, **kwargs):
         raise AssertionError("loaded before the flags were checked")
 
     monkeypatch.setattr(pretrained, "load_gguf", load)
-    assert chat_cli.main(["--int8", "--no-fast", "--prompt", "Hi"]) == 2
+    assert chat_cli.main([flag, "--no-fast", "--prompt", "Hi"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("chat: --int8 and --no-fast") and err.count("\n") == 1
+    assert err.startswith(f"chat: {flag} and --no-fast") and err.count("\n") == 1
 
 
 # A learner's fast_decode (notebook 16, student edition) whose prepare_for_decode is not written yet, and one that

@@ -9,10 +9,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer_from_scratch.checks import (check_fused_self_attention, check_fused_swiglu, check_int8_linear,
-                                             check_prepare_for_decode)
+                                             check_prepare_for_decode, check_static_step)
 from transformer_from_scratch.fast_decode import (KERNEL_ROWS, FusedMatmul, FusedSelfAttention, FusedSwiGLU,
                                                   Int8Linear, _has_int8_kernel, column_major, fuse_weights,
-                                                  int8_matmul, prepare_for_decode, quantize_int8, split_qkv)
+                                                  attend_at, int8_matmul, prepare_for_decode, quantize_int8,
+                                                  split_qkv, static_step)
 from transformer_from_scratch.linear import Linear
 from transformer_from_scratch.multihead_attention import _check_input
 from mutants import LEARNERS_LINEAR, Catalogue
@@ -23,9 +24,11 @@ def test_the_course_passes_with_one_line(capsys):
     assert check_fused_swiglu(FusedSwiGLU) is None
     assert check_fused_self_attention(FusedSelfAttention) is None
     assert check_prepare_for_decode(prepare_for_decode) is None
+    assert check_static_step(static_step) is None
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["✓ check_int8_linear", "✓ check_fused_swiglu",
-                                                      "✓ check_fused_self_attention", "✓ check_prepare_for_decode"]
+                                                      "✓ check_fused_self_attention", "✓ check_prepare_for_decode",
+                                                      "✓ check_static_step"]
 
 
 def test_the_threads_are_given_back():
@@ -477,6 +480,43 @@ PREPARE_MUTANTS = {
     "threads=0 not refused": (_prepare(validate=False), "raised RuntimeError (set_num_threads expects a positive"),
 }
 
+
+# --- static_step: a learner's step with one mistake each -----------------------------------------------------------
+
+def _step(rope=True, residual=True, parallel=False, final_norm=True, one_buffer=False, squeeze=True):
+    """static_step as a learner writes it, with the blocks' loop spelled out, and one mistake switched on."""
+    def step(model, token, position, keys, values):
+        x = model.token_embeddings(token.view(1, 1))
+        for i, block in enumerate(model.layers):
+            attn = block.attn
+            h = block.ln1(x)
+            q, k, v = split_qkv(attn.qkv(h), attn.num_heads, attn.num_kv_heads)
+            if rope:
+                q, k = attn.rope(q, position), attn.rope(k, position)
+            j = 0 if one_buffer else i
+            out = attn.out(attend_at(q, k, v, keys[j], values[j], position).transpose(-3, -2).flatten(-2))
+            y = x + out if residual else out
+            x = y + block.ffn(block.ln2(x if parallel else y))
+        logits = model.lm_head(model.ln_final(x) if final_norm else x)
+        return logits[0] if squeeze else logits
+    return step
+
+
+STEP_MUTANTS = {
+    "no RoPE": (_step(rope=False), "RoPE is not applied"),
+    "no attention residual": (_step(residual=False), "the attention's residual is forgotten"),
+    "parallel block": (_step(parallel=True), "the feed-forward reads the block's input"),
+    "no ln_final": (_step(final_norm=False), "ln_final is skipped"),
+    "one buffer": (_step(one_buffer=True), "every block writes into block 0's buffers"),
+    "(1, 1, vocab)": (_step(squeeze=False), "returned shape (1, 1, 11), expected (1, 11)"),
+}
+
+
+def test_a_written_out_static_step_passes(capsys):
+    check_static_step(_step())
+    assert capsys.readouterr().out.startswith("✓ check_static_step")
+
+
 CATALOGUES = [
     Catalogue(check_int8_linear, list(INT8_MUTANTS.values()), right=Int8Linear, ids=list(INT8_MUTANTS)),
     Catalogue(check_fused_swiglu, list(SWIGLU_MUTANTS.values()), right=FusedSwiGLU, ids=list(SWIGLU_MUTANTS)),
@@ -484,4 +524,5 @@ CATALOGUES = [
               ids=list(ATTENTION_MUTANTS)),
     Catalogue(check_prepare_for_decode, list(PREPARE_MUTANTS.values()), right=prepare_for_decode,
               ids=list(PREPARE_MUTANTS)),
+    Catalogue(check_static_step, list(STEP_MUTANTS.values()), right=static_step, ids=list(STEP_MUTANTS)),
 ]

@@ -200,12 +200,14 @@ LEARNERS = [
     component(checks.check_fused_self_attention, fd.FusedSelfAttention),
     component(checks.check_fused_swiglu, fd.FusedSwiGLU),
     function(checks.check_prepare_for_decode, fd.prepare_for_decode, tensor=False),
+    function(checks.check_static_step, fd.static_step),
     function(fast_decode_checks.check_decode_bytes, fd.decode_bytes, tensor=False),
     function(fast_decode_checks.check_column_major, fd.column_major),
     function(fast_decode_checks.check_fuse_weights, fd.fuse_weights),
     function(fast_decode_checks.check_split_qkv, fd.split_qkv),
     function(fast_decode_checks.check_quantize_int8, fd.quantize_int8),
     function(fast_decode_checks.check_int8_matmul, fd.int8_matmul),
+    function(fast_decode_checks.check_attend_at, fd.attend_at),
 ]
 # Checks of an answer (a number the learner computed), not of code: there is no call to plant a mistake in.
 ANSWERS = [kv_exercises.check_kv_cache_gib, kv_exercises.check_t_attention, training_answers.check_unigram_loss,

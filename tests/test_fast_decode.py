@@ -17,7 +17,7 @@ from transformer_from_scratch import KVCache, MultiHeadSelfAttention, SwiGLU, Tr
 from transformer_from_scratch.fast_decode import (KERNEL_ROWS, FusedSelfAttention, FusedSwiGLU, Int8Linear,
                                                   column_major, copy_bandwidth, decode_bytes, faster_layout,
                                                   fuse_weights, int8_matmul, prepare_for_decode, quantize_int8,
-                                                  split_qkv)
+                                                  split_qkv, static_step)
 from transformer_from_scratch.linear import Linear
 from transformer_from_scratch.multihead_attention import _split_heads
 
@@ -361,25 +361,50 @@ def test_smollm2_greedy_reply_is_unchanged_by_prepare_for_decode(smollm2):
     assert tokenizer.decode(reply.tolist()).startswith("The capital of France is Paris.")
 
 
-# --- make bench's compiled row: its static-shape step -------------------------------------------------------------
+# --- compile=True: static_step (Step 7's fixed shapes), eager and compiled ----------------------------------------
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_the_benchmarks_static_step_gives_the_prepared_models_logits(dtype):
-    """The step `make bench --only decode` compiles (full cache buffers, a mask, the position as a tensor) gives,
-    eagerly, at every position after a prompt, the logits of the same model's forward with notebook 12's cache: the
-    bench's compiled row times the same function (grouped heads, so enable_gqa is exercised)."""
-    from transformer_from_scratch.benchmark.__main__ import _static_step
-
+def test_static_step_gives_the_prepared_models_logits(dtype):
+    """static_step (full cache buffers, Step 7's mask, the position as a tensor) gives, eagerly, at every position after
+    a prompt, the logits of the same model's forward with notebook 12's cache, and leaves the same keys in the
+    buffers, although they start full of stale numbers (grouped heads, so enable_gqa is exercised)."""
     model = prepare_for_decode(lm(dtype=dtype, kv=2, seed=3))
     ids = torch.tensor([1, 5, 2, 7, 3, 11, 4, 9, 0, 12])
     prompt = 4
     theirs, ours = KVCache.for_model(model, max_seq_len=len(ids)), KVCache.for_model(model, max_seq_len=len(ids))
-    step = _static_step(model, ours)
+    for cache in ours:
+        cache.keys.normal_(0, 100), cache.values.normal_(0, 100)  # what a reset() cache keeps from a longer text
     with torch.no_grad():
         model(ids[None, :prompt], cache=theirs)
         model(ids[None, :prompt], cache=ours)
         for position in range(prompt, len(ids)):
             expected = model(ids[None, position:position + 1], cache=theirs)[0]
-            torch.testing.assert_close(step(ids[position:position + 1], torch.tensor([position])), expected,
-                                       **TOLERANCE[dtype])
+            logits = static_step(model, ids[position:position + 1], torch.tensor([position]),
+                                 [cache.keys for cache in ours], [cache.values for cache in ours])
+            torch.testing.assert_close(logits, expected, **TOLERANCE[dtype])
     torch.testing.assert_close(ours[0].keys, theirs[0].keys, **TOLERANCE[dtype])
+
+
+def test_compile_gives_generates_tokens_and_compiles_once():
+    """prepare_for_decode(compile=True): generate's greedy ids equal the plain model's, for two prompt and reply
+    lengths (so two cache lengths: one compilation serves both, none is added), and for a deepcopy of the model,
+    whose forward is its own. The model's other calls (a prompt, no cache) run its own forward."""
+    plain = lm(kv=2, seed=5)
+    model = prepare_for_decode(copy.deepcopy(plain), compile=True)
+    assert prepare_for_decode(model, compile=True).forward.__func__ is model.forward.__func__  # again: unchanged
+    torch._dynamo.reset()
+    counts = torch._dynamo.utils.counters
+    counts.clear()
+    for prompt, new in (([1, 2, 3], 10), ([4, 5, 6, 7, 8], 7)):
+        expected = generate(plain, torch.tensor(prompt), new, temperature=0)
+        assert generate(model, torch.tensor(prompt), new, temperature=0).tolist() == expected.tolist()
+    assert counts["stats"]["unique_graphs"] == 1, dict(counts["stats"])
+    twin = copy.deepcopy(model)
+    assert twin.forward.__self__ is twin
+    expected = generate(plain, torch.tensor([9, 1]), 6, temperature=0)
+    assert generate(twin, torch.tensor([9, 1]), 6, temperature=0).tolist() == expected.tolist()
+    torch.testing.assert_close(model(torch.tensor([[1, 2, 3]])), plain(torch.tensor([[1, 2, 3]])))
+
+def test_compile_needs_fuse():
+    with pytest.raises(ValueError, match="compile=True compiles the fused step: it needs fuse=True"):
+        prepare_for_decode(lm(), fuse=False, compile=True)

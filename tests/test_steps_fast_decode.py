@@ -1,13 +1,15 @@
 """The step checks of notebook 16 pass the right steps and name each planted mistake on their first line."""
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
 from transformer_from_scratch import fast_decode
-from transformer_from_scratch.checks.steps.fast_decode import (check_column_major, check_decode_bytes,
-                                                               check_fuse_weights, check_int8_matmul,
-                                                               check_quantize_int8, check_split_qkv)
+from transformer_from_scratch.checks.steps.fast_decode import (check_attend_at, check_column_major,
+                                                               check_decode_bytes, check_fuse_weights,
+                                                               check_int8_matmul, check_quantize_int8,
+                                                               check_split_qkv)
 from mutants import Catalogue
 
 # --- the right steps: the course's (src/transformer_from_scratch/fast_decode.py) ----------------------------------
@@ -18,6 +20,7 @@ fuse_weights = fast_decode.fuse_weights
 split_qkv = fast_decode.split_qkv
 quantize_int8 = fast_decode.quantize_int8
 int8_matmul = fast_decode.int8_matmul
+attend_at = fast_decode.attend_at
 
 
 def test_the_right_steps_pass_with_one_line(capsys):
@@ -27,8 +30,9 @@ def test_the_right_steps_pass_with_one_line(capsys):
     check_split_qkv(split_qkv)
     check_quantize_int8(quantize_int8)
     check_int8_matmul(int8_matmul)
+    check_attend_at(attend_at)
     lines = capsys.readouterr().out.splitlines()
-    assert [line[:2] for line in lines] == ["✓ "] * 6, lines
+    assert [line[:2] for line in lines] == ["✓ "] * 7, lines
 
 
 def _by_parameters(model, cache_length=0):
@@ -53,7 +57,9 @@ def test_other_right_ways_pass(capsys):
                                                           dtype=weight.dtype).copy_(weight))
     check_split_qkv(_split_with_einops)
     check_int8_matmul(lambda x, q, scale: x @ (q.to(x.dtype) * scale.to(x.dtype)[:, None]).T)  # dequantized first
-    assert capsys.readouterr().out.count("✓") == 4
+    check_attend_at(_attend_written_out)
+    check_attend_at(_attend_by_masked_fill)
+    assert capsys.readouterr().out.count("✓") == 6
 
 
 # --- decode_bytes -------------------------------------------------------------------------------------------------
@@ -247,6 +253,58 @@ MATMUL_MUTANTS = [
 ]
 
 
+
+# --- attend_at ----------------------------------------------------------------------------------------------------
+
+def _attend_written_out(q, k, v, keys, values, position):
+    """Another right way: the write by a boolean row, the attention by hand with the heads repeated in place."""
+    at = (torch.arange(keys.shape[-2]) == position).view(-1, 1)  # (max_seq_len, 1)
+    keys.copy_(torch.where(at, k, keys)), values.copy_(torch.where(at, v, values))
+    group = q.shape[-3] // keys.shape[-3]
+    scores = q @ keys.repeat_interleave(group, -3).transpose(-2, -1) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(torch.arange(keys.shape[-2]) > position, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ values.repeat_interleave(group, -3)
+
+
+def _attend_by_masked_fill(q, k, v, keys, values, position):
+    """Another right way: a float mask of -inf, added."""
+    keys.index_copy_(-2, position, k), values.index_copy_(-2, position, v)
+    mask = torch.zeros(keys.shape[-2], dtype=q.dtype).masked_fill(torch.arange(keys.shape[-2]) > position,
+                                                                  float("-inf"))
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask.view(1, -1), enable_gqa=True)
+
+
+def _attend(write=True, into="keys", at=0, mask=lambda span, p: (span <= p).view(1, -1), scale=None, tile=False,
+            gqa=True):
+    """attend_at with one mistake: no write (or into a copy), k and v swapped, written `at` positions off, another
+    mask, another scale, the key/value heads tiled."""
+    def attend_at(q, k, v, keys, values, position):
+        if write:
+            first, second = (k, v) if into == "keys" else (v, k)
+            keys.index_copy_(-2, position + at, first), values.index_copy_(-2, position + at, second)
+        else:
+            keys, values = keys.index_copy(-2, position, k), values.index_copy(-2, position, v)
+        seen = mask(torch.arange(keys.shape[-2]), position)
+        if tile:
+            group = q.shape[-3] // keys.shape[-3]
+            keys, values = (t.repeat(*([1] * (t.ndim - 3)), group, 1, 1) for t in (keys, values))
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=seen, enable_gqa=gqa, scale=scale)
+    return attend_at
+
+
+ATTEND_MUTANTS = [
+    (_attend(write=False), "k and v are not written into the buffers"),
+    (_attend(into="values"), "k and v are swapped"),
+    (_attend(at=1), "k and v are written at the wrong place"),
+    (_attend(mask=lambda span, p: (span >= 0).view(1, -1)), "the mask is forgotten"),
+    (_attend(mask=lambda span, p: (span < p).view(1, -1)), "the new token does not see itself"),
+    (_attend(mask=lambda span, p: (span > p).view(1, -1)), "the mask is inverted"),
+    (_attend(tile=True), "the key/value heads are tiled"),
+    (_attend(scale=1.0), "the scores are not divided by √d_k"),
+    (_attend(mask=lambda span, p: (span <= p).view(-1)), "most likely the mask is 1-D"),
+    (_attend(gqa=False), "without being grouped"),
+]
+
 CATALOGUES = [
     Catalogue(check_decode_bytes, BYTES_MUTANTS, right=decode_bytes),
     Catalogue(check_column_major, COLUMN_MUTANTS, right=column_major,
@@ -267,4 +325,7 @@ CATALOGUES = [
                    "divided by 128, clamped to 128", "truncation", "zero row", "q float", "scale float64",
                    "scale in bfloat16", "in place"]),
     Catalogue(check_int8_matmul, MATMUL_MUTANTS, right=int8_matmul),
+    Catalogue(check_attend_at, ATTEND_MUTANTS, right=attend_at,
+              ids=["not written", "k and v swapped", "one position off", "no mask", "< for <=", "mask inverted",
+                   "heads tiled", "no 1/sqrt(d_k)", "1-D mask", "heads not grouped"]),
 ]

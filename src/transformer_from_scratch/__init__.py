@@ -30,9 +30,9 @@ from .pretrained import (chat_prompt, chat_turn, default_system, dequantize_q4_1
                          tokenizer_from_gguf, with_tied_head)
 from .finetune import (LoRALinear, apply_lora, assistant_targets, encode_example, exact_match, held_out, lora_delta,
                        masked_cross_entropy, pad_batch, reverse_task, wilson_interval)
-from .fast_decode import (FusedMatmul, FusedSelfAttention, FusedSwiGLU, Int8Linear, column_major, copy_bandwidth,
-                          decode_bytes, faster_layout, fuse_weights, int8_matmul, prepare_for_decode, quantize_int8,
-                          split_qkv)
+from .fast_decode import (FusedMatmul, FusedSelfAttention, FusedSwiGLU, Int8Linear, attend_at, column_major,
+                          copy_bandwidth, decode_bytes, faster_layout, fuse_weights, int8_matmul, prepare_for_decode,
+                          quantize_int8, split_qkv, static_step)
 
 __all__ = ["Linear", "Embedding", "softmax", "RMSNorm", "scaled_dot_product_attention", "RotaryPositionalEmbedding", "silu", "SwiGLU", "swiglu_hidden_size", "MultiHeadSelfAttention", "TransformerBlock", "TransformerLM", "count_resources", "next_token_distribution", "generate",
            "cross_entropy", "AdamW", "lr_cosine_schedule", "gradient_clipping", "tokenize_file", "get_batch",
@@ -45,4 +45,5 @@ __all__ = ["Linear", "Embedding", "softmax", "RMSNorm", "scaled_dot_product_atte
            "apply_lora", "held_out", "reverse_task", "encode_example", "wilson_interval",
            "decode_bytes", "column_major", "fuse_weights", "split_qkv", "quantize_int8", "int8_matmul", "Int8Linear",
            "FusedMatmul", "FusedSelfAttention", "FusedSwiGLU", "faster_layout", "prepare_for_decode", "copy_bandwidth",
+           "attend_at", "static_step",
            "set_shape_checks", "shape_checks", "shape_checks_enabled", "trusted"]

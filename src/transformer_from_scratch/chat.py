@@ -21,7 +21,10 @@ its update merged into the weights (tune.load_adapter, then LoRALinear.merge), b
 NAME.fast_decode.prepare_for_decode (notebook 16) makes the loaded model decode faster, in place: q/k/v and w1/w3 each
 one fused product, every matrix stored column-major, lm_head's too; the same function, so greedy replies keep their
 tokens. --no-fast keeps the plain model (to compare), --int8 quantizes every matrix to int8 (approximate: a reply may
-change; on a CPU without a fast int8 kernel, like the course's AMD VM, it is slower than float32). A package without
+change; on a CPU without a fast int8 kernel, like the course's AMD VM, it is slower than float32), --compile sends each
+decoded token through a step compiled by torch.compile (prepare_for_decode(compile=True): the same tokens, faster once
+compiled; the compilation, before the first prompt, takes about a minute on 2 cores, seconds from inductor's cache
+in a later run). A package without
 fast_decode, or whose prepare_for_decode is still a stub (NotImplementedError), chats with the plain model and says
 so. The load time goes to stderr at the start, and each reply's tokens and tokens/s after it. The flags are checked
 before the load (seconds). The decode runs on the cores that are free when it starts (--threads, by default the
@@ -104,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "float32's bytes, but approximate (a reply may change), and slower on CPUs without a "
                              "fast int8 kernel: on the course's 2-core AMD VM slower than float32, plain or fused "
                              "(measured: make bench BENCH_ARGS=\"--only decode\", the README's Speed section)")
+    parser.add_argument("--compile", action="store_true",
+                        help="decode each token with a step compiled by torch.compile (prepare_for_decode(compile="
+                             "True)): the same greedy tokens, faster, after a compilation before the first prompt "
+                             "(about a minute on 2 cores; seconds in a later run, from inductor's cache)")
     return parser
 
 
@@ -321,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.int8 and args.no_fast:
             raise _Usage("--int8 and --no-fast: the int8 weights come from prepare_for_decode, which --no-fast skips; "
                          "give one of them")
+        if args.compile and args.no_fast:
+            raise _Usage("--compile and --no-fast: the compiled step comes from prepare_for_decode, which --no-fast "
+                         "skips; give one of them")
         _check_sampling(args)  # before the load, which takes seconds
         path = _weights(args.weights)
         if args.adapter is not None and not (args.adapter / "adapter_config.json").is_file():
@@ -384,12 +394,13 @@ def _snapshot(model) -> Callable[[], None]:
 
 
 def _prepare(package: str, model, args: argparse.Namespace, loras: dict) -> str:
-    """NAME.fast_decode.prepare_for_decode(model, int8=args.int8), in place, unless --no-fast; returns the words the
-    load line shows. A package without fast_decode (or whose fast_decode fails to import), or whose version raises
-    NotImplementedError (the student edition's stubs, met while preparing or in one token's forward pass after it),
-    leaves the model as loaded, with one line saying so. Merged LoRA layers (--adapter) are unwrapped for it (merged,
-    each is its base Linear), then, with float weights, put back where they were: the state dict keeps the adapter's
-    names."""
+    """NAME.fast_decode.prepare_for_decode(model, int8=args.int8, compile=args.compile), in place, unless --no-fast;
+    returns the words the load line shows. With --compile, two tokens are decoded once here, so the compilation
+    happens before the first prompt, not in the middle of the first reply. A package without fast_decode (or whose
+    fast_decode fails to import), or whose version raises NotImplementedError (the student edition's stubs, met while
+    preparing or in one token's forward pass after it), leaves the model as loaded, with one line saying so. Merged
+    LoRA layers (--adapter) are unwrapped for it (merged, each is its base Linear), then, with float weights, put back
+    where they were: the state dict keeps the adapter's names."""
     if args.no_fast:
         return "the plain model (--no-fast)"
     import torch
@@ -408,9 +419,16 @@ def _prepare(package: str, model, args: argparse.Namespace, loras: dict) -> str:
         parent, _, name = path.rpartition(".")
         setattr(model.get_submodule(parent), name, lora.base)
     try:
-        module.prepare_for_decode(model, int8=args.int8)
+        module.prepare_for_decode(model, int8=args.int8, **({"compile": True} if args.compile else {}))
         with torch.no_grad():  # a stub left in a forward shows up now, not in the middle of the first reply
             model(torch.zeros((1, 1), dtype=torch.long, device=model.token_embeddings.weight.device))
+        if args.compile:
+            _info("[compiling the decode step (torch.compile): about a minute on 2 cores, once]")
+            start = time.perf_counter()
+            importlib.import_module(package).generate(
+                model, torch.zeros(1, dtype=torch.long, device=model.token_embeddings.weight.device), 2,
+                temperature=0.0)
+            _info(f"[compiled in {time.perf_counter() - start:.0f} s]")
     except NotImplementedError as error:
         restore()
         words = str(error).splitlines()[0] if str(error) else "NotImplementedError"
@@ -420,7 +438,8 @@ def _prepare(package: str, model, args: argparse.Namespace, loras: dict) -> str:
         for path, lora in loras.items():
             parent, _, name = path.rpartition(".")
             setattr(model.get_submodule(parent), name, lora)
-    return "int8 weights (prepare_for_decode)" if args.int8 else "fused matrices (prepare_for_decode)"
+    words = "int8 weights (prepare_for_decode)" if args.int8 else "fused matrices (prepare_for_decode)"
+    return words[:-1] + ", compiled)" if args.compile else words
 
 
 def _run(pretrained, path: Path, args: argparse.Namespace) -> int:

@@ -1,8 +1,9 @@
 # Generated from notebooks/16_fast_decode.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 0a6bcbb4690a1ae9a4aa12b60cd831da0d59b469e0f2ac0411590adc808785eb
+# body-sha256: 94cb709e86d04fa017d23b6996239fcaa90a769b504f74d5cde77fd76d44dcc7
 
 import time
+import types
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +12,7 @@ from torch import Tensor, nn
 
 from transformer_from_scratch.linear import Linear
 from transformer_from_scratch.multihead_attention import _attend, _check_input
-from transformer_from_scratch.shapes import shape_checked
+from transformer_from_scratch.shapes import checking, shape_checked
 
 
 def _check_last(who: str, x: Tensor, d_in: int) -> None:
@@ -124,6 +125,38 @@ def int8_matmul(x: Float[Tensor, "... d_in"], q: Int8[Tensor, "d_out d_in"], sca
     return (x @ q.T.to(x.dtype)) * scale.to(x.dtype)
 
 
+def _check_attend_at(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, position: Tensor) -> None:
+    """attend_at's checks, each a ValueError (TypeError for a position that is not an integer) naming the shapes: one
+    new token (seq 1), k and v shaped as one position of the buffers, q's heads a multiple of theirs, one position."""
+    if keys.shape != values.shape or keys.ndim < 3 or k.shape != v.shape or k.shape != (*keys.shape[:-2], 1,
+                                                                                         keys.shape[-1]):
+        raise ValueError(f"attend_at: k and v (..., kv_heads, 1, d_k) must fit the buffers keys and values (..., "
+                         f"kv_heads, max_seq_len, d_k), got k {tuple(k.shape)}, v {tuple(v.shape)}, keys "
+                         f"{tuple(keys.shape)}, values {tuple(values.shape)}")
+    if q.ndim != k.ndim or q.shape[-2:] != k.shape[-2:] or q.shape[-3] % k.shape[-3]:
+        raise ValueError(f"attend_at: q (..., heads, 1, d_k) with heads a multiple of k's {k.shape[-3]}, got q "
+                         f"{tuple(q.shape)} and k {tuple(k.shape)}")
+    if position.shape != (1,) or position.is_floating_point():
+        raise (ValueError if position.shape != (1,) else TypeError)(
+            f"attend_at: position must be one integer in a tensor of shape (1,), got shape {tuple(position.shape)} "
+            f"and dtype {position.dtype}")
+
+
+def attend_at(q: Float[Tensor, "*batch heads 1 d_k"], k: Float[Tensor, "*batch kv_heads 1 d_k"],
+              v: Float[Tensor, "*batch kv_heads 1 d_k"], keys: Float[Tensor, "*batch kv_heads max_seq_len d_k"],
+              values: Float[Tensor, "*batch kv_heads max_seq_len d_k"], position: Int[Tensor, "1"]
+              ) -> Float[Tensor, "*batch heads 1 d_k"]:
+    """Step 7: one new token's attention at a fixed shape. Writes k and v into the full buffers keys and values at
+    `position` (an integer tensor of shape (1,)), in place, then attends q over every position of the buffers, those
+    after `position` masked out (never written, or left from an earlier text); key/value head j serves query heads
+    j·g … j·g+g-1. The shapes are the same at every position: a compiled step compiles once."""
+    _check_attend_at(q, k, v, keys, values, position)
+    keys.index_copy_(-2, position, k)
+    values.index_copy_(-2, position, v)
+    seen = torch.arange(keys.shape[-2], device=keys.device) <= position  # (max_seq_len,): True up to the new one
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=seen.view(1, -1), enable_gqa=True)
+
+
 KERNEL_ROWS = 8  # Int8Linear's kernel for up to this many vectors (decoding); more (a prefill): Step 6's product
 
 
@@ -234,6 +267,46 @@ class FusedSwiGLU(nn.Module):
         return f"d_model={self.d_model}, d_ff={self.d_ff}, one w1/w3 product"
 
 
+def static_step(model: nn.Module, token: Int[Tensor, "1"], position: Int[Tensor, "1"], keys: list[Tensor],
+                values: list[Tensor]) -> Float[Tensor, "1 vocab"]:
+    """One decode step of a prepared model (its blocks fused) whose shapes do not depend on the position: the token
+    (1,) at `position` (1,) through every block, block i's new key and value written into its full buffers keys[i]
+    and values[i] (1, kv_heads, max_seq_len, d_k) by Step 7; returns the next token's logits (1, vocab). This is
+    TransformerLM.forward with a cache, for one token: what prepare_for_decode(compile=True) compiles, once."""
+    x = model.token_embeddings(token.view(1, 1))  # (1, 1, d_model)
+    for block, block_keys, block_values in zip(model.layers, keys, values):
+        attn = block.attn
+        q, k, v = split_qkv(attn.qkv(block.ln1(x)), attn.num_heads, attn.num_kv_heads)
+        if attn.rope is not None:
+            q, k = attn.rope(q, position), attn.rope(k, position)
+        heads = attend_at(q, k, v, block_keys, block_values, position)  # (1, heads, 1, d_k)
+        x = x + attn.out(heads.transpose(-3, -2).flatten(-2))
+        x = x + block.ffn(block.ln2(x))
+    return model.lm_head(model.ln_final(x))[0]
+
+
+_compiled_step = None  # static_step under torch.compile, made at its first call; one for every model
+
+
+def _compiled_forward(model: nn.Module, token_ids: Tensor, token_positions: Tensor | None = None, *,
+                      cache: list | None = None) -> Tensor:
+    """The forward of a model prepared with compile=True. One new id (token_ids (1, 1)) after what a cache holds, as
+    generate's steps call it, runs static_step compiled; the arguments are trusted, as inside generate. Every other
+    call (a prompt, a batch, no cache, given positions, a full cache, or checks on) runs the model's own forward."""
+    global _compiled_step
+    own = type(model).forward
+    if (cache is None or token_positions is not None or token_ids.shape != (1, 1) or checking()
+            or cache[0].length >= cache[0].keys.shape[-2]):
+        return own(model, token_ids, token_positions, cache=cache)
+    if _compiled_step is None:  # dynamic: the buffers' length is a symbol, so one compilation serves every length
+        _compiled_step = torch.compile(static_step, fullgraph=True, dynamic=True)
+    position = torch.tensor([cache[0].length], device=token_ids.device)
+    logits = _compiled_step(model, token_ids[0], position, [c.keys for c in cache], [c.values for c in cache])
+    for layer_cache in cache:
+        layer_cache.length += 1
+    return logits.unsqueeze(0)  # (1, 1, vocab), as the model's forward
+
+
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3")  # a block's Linears, by name
 
 
@@ -276,8 +349,27 @@ def faster_layout(weight: Float[Tensor, "d_out d_in"], repeats: int = 5) -> str:
 LAYOUTS = ("auto", "columns", "rows")
 
 
+def _check_prepare(model: nn.Module, fuse: bool, layout: str, threads: int | None, compile: bool) -> None:
+    """prepare_for_decode's checks: a TransformerLM whose matrices have weights, a known layout, threads an int >= 1 or
+    None, compile with fuse; a TypeError or ValueError that names what is wrong."""
+    if not all(hasattr(model, name) for name in ("layers", "lm_head", "token_embeddings")):
+        raise TypeError(f"prepare_for_decode: a TransformerLM (with .layers, .lm_head and .token_embeddings), got "
+                        f"{type(model).__name__}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"prepare_for_decode: layout must be one of {LAYOUTS}, got {layout!r}")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise ValueError(f"prepare_for_decode: threads must be an int >= 1 or None, got {threads!r}")
+    if compile and not fuse:
+        raise ValueError("prepare_for_decode: compile=True compiles the fused step: it needs fuse=True")
+    for path, child in model.named_modules():  # a LoRALinear (notebook 15) has no weight of its own to fuse
+        if path.rpartition(".")[2] in (*_PROJECTIONS, "lm_head") and not isinstance(getattr(child, "weight", None),
+                                                                                    Tensor):
+            raise TypeError(f"prepare_for_decode: {path} is a {type(child).__name__} with no weight tensor: merge() a "
+                            f"LoRA adapter and put its .base back first (make chat --adapter does)")
+
+
 def prepare_for_decode(model: nn.Module, *, fuse: bool = True, layout: str = "auto", int8: bool = False,
-                       threads: int | None = None) -> nn.Module:
+                       threads: int | None = None, compile: bool = False) -> nn.Module:
     """Make a TransformerLM (notebook 10's, loaded or trained) decode faster, in place, and return it.
 
     fuse (exact: the same function, the greedy tokens of the plain model): every block's attention becomes a
@@ -286,21 +378,12 @@ def prepare_for_decode(model: nn.Module, *, fuse: bool = True, layout: str = "au
     "auto", the faster of the two for lm_head's product on this machine (faster_layout; a tied embedding table stays
     tied). int8 (approximate; for decoding only, and for good): every matrix the step reads in full, lm_head included,
     becomes an Int8Linear and the float weights it replaces are freed (the embedding table stays: a step reads one row).
-    threads: torch's CPU threads (torch.set_num_threads), None leaves them as they are. Calling it again changes nothing
-    that is done already.
+    threads: torch's CPU threads (torch.set_num_threads), None leaves them as they are. compile (exact, needs fuse): the
+    model's forward runs generate's one-token steps through static_step under torch.compile (Step 7's fixed shapes, the
+    cache's length a symbol: one compilation for every length), everything else as before; the first step compiles,
+    about a minute on 2 CPU cores. Calling it again changes nothing that is done already.
     """
-    if not all(hasattr(model, name) for name in ("layers", "lm_head", "token_embeddings")):
-        raise TypeError(f"prepare_for_decode: a TransformerLM (with .layers, .lm_head and .token_embeddings), got "
-                        f"{type(model).__name__}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"prepare_for_decode: layout must be one of {LAYOUTS}, got {layout!r}")
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-        raise ValueError(f"prepare_for_decode: threads must be an int >= 1 or None, got {threads!r}")
-    for path, child in model.named_modules():  # a LoRALinear (notebook 15) has no weight of its own to fuse
-        if path.rpartition(".")[2] in (*_PROJECTIONS, "lm_head") and not isinstance(getattr(child, "weight", None),
-                                                                                    Tensor):
-            raise TypeError(f"prepare_for_decode: {path} is a {type(child).__name__} with no weight tensor: merge() a "
-                            f"LoRA adapter and put its .base back first (make chat --adapter does)")
+    _check_prepare(model, fuse, layout, threads, compile)
     if threads is not None:
         torch.set_num_threads(threads)
     head = model.lm_head
@@ -319,4 +402,6 @@ def prepare_for_decode(model: nn.Module, *, fuse: bool = True, layout: str = "au
                 model.token_embeddings.weight = head.weight
     if int8:
         _quantize_children(model)
+    if compile and not isinstance(vars(model).get("forward"), types.MethodType):
+        model.forward = types.MethodType(_compiled_forward, model)  # this model's own: a deepcopy gets its copy's
     return model

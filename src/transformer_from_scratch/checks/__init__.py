@@ -30,7 +30,8 @@ from .training import (check_adamw, check_checkpoint, check_cross_entropy, check
 from .tokenizer import check_tokenizer, check_train_bpe
 from .pretrained import check_chat, check_load_gguf
 from .finetune import check_apply_lora, check_lora_linear
-from .fast_decode import check_fused_self_attention, check_fused_swiglu, check_int8_linear, check_prepare_for_decode
+from .fast_decode import (check_fused_self_attention, check_fused_swiglu, check_int8_linear, check_prepare_for_decode,
+                          check_static_step)
 
 __all__ = [
     "check_linear",
@@ -62,4 +63,5 @@ __all__ = [
     "check_fused_self_attention",
     "check_fused_swiglu",
     "check_prepare_for_decode",
+    "check_static_step",
 ]

@@ -1,6 +1,7 @@
 """The checks of notebook 16 (decoding fast): ``check_int8_linear`` (a Linear whose weight is int8 with one scale per
 output row), ``check_fused_self_attention`` and ``check_fused_swiglu`` (one product where there were three, or two),
-and ``check_prepare_for_decode`` (a whole TransformerLM made ready to decode).
+``check_prepare_for_decode`` (a whole TransformerLM made ready to decode) and ``check_static_step`` (one token
+through the prepared blocks at a fixed shape).
 
 Each compares the learner's code with an answer computed here independently: an Int8Linear's buffers with the
 quantization written out row by row and its outputs with x (q · scale)ᵀ in float64; a fused attention or SwiGLU with
@@ -682,3 +683,102 @@ def check_prepare_for_decode(prepare_for_decode: Callable[..., Any]) -> None:
     passed("check_prepare_for_decode: in place; fused blocks, layouts 'columns' and 'rows', the state dict and the tie "
            "kept, the same logits (with a cache too) and greedy tokens, twice harmless; int8: no float matrix but the "
            "table, logits close; threads")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# static_step: one token at a fixed shape (what compile=True compiles)
+# ---------------------------------------------------------------------------------------------------------
+
+def _step_written_out(model: nn.Module, token: Tensor, position: Tensor, keys: list[Tensor], values: list[Tensor], *,
+                      rope: bool = True, residual: bool = True, parallel: bool = False, final_norm: bool = True,
+                      one_buffer: bool = False) -> Tensor:
+    """A prepared model's step for one token, written out here from the course's modules (each flag off: one of the
+    classic mistakes), the attention over the whole buffers with the later positions masked: logits (1, vocab)."""
+    from ..fast_decode import split_qkv  # the course's: the learner's Step 4 is checked on its own
+
+    x = model.token_embeddings.weight[token].view(1, 1, -1)
+    seen = torch.arange(keys[0].shape[-2]) <= position
+    for i, block in enumerate(model.layers):
+        attn, buffer = block.attn, 0 if one_buffer else i
+        q, k, v = split_qkv(attn.qkv(block.ln1(x)), attn.num_heads, attn.num_kv_heads)
+        if rope:
+            q, k = attn.rope(q, position), attn.rope(k, position)
+        keys[buffer].index_copy_(-2, position, k), values[buffer].index_copy_(-2, position, v)
+        heads = F.scaled_dot_product_attention(q, keys[buffer], values[buffer], attn_mask=seen.view(1, -1),
+                                               enable_gqa=True)
+        update = attn.out(heads.transpose(-3, -2).flatten(-2))
+        mixed = x + update if residual else update
+        x = mixed + block.ffn(block.ln2(x if parallel else mixed))
+    return model.lm_head(model.ln_final(x) if final_norm else x)[0]
+
+
+def check_static_step(static_step: Callable[..., Tensor]) -> None:
+    """Check the learner's ``static_step(model, token, position, keys, values)`` on small random TransformerLMs (11
+    ids, context 8, d_model 16, 2 layers) prepared by the course's prepare_for_decode: tied, float64, grouped-query
+    attention, then untied float32. A prompt of 3 ids goes through the model's forward into the course's KV caches,
+    whose later positions hold large stale numbers; then each step at positions 3 … 7 must return the logits (1, vocab)
+    of the same model's forward with notebook 12's cache, and leave its key and value in block i's buffers.
+
+    Mistakes it recognises: RoPE not applied to q and k; the attention's residual forgotten; the feed-forward reading
+    the block's input (a parallel block) instead of x after the attention; ln_final skipped; every block writing into
+    block 0's buffers; logits of shape (1, 1, vocab).
+    """
+    from ..fast_decode import prepare_for_decode  # the course's: the step is checked on its modules
+
+    ids = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6]) % LM_V
+    prompt = 3
+    for tied, dtype, kv in ((True, torch.float64, LM_KV), (False, torch.float32, None)):
+        with torch.random.fork_rng(devices=[]):
+            model = prepare_for_decode(_lm(CourseLinear, tied=tied, dtype=dtype, num_kv_heads=kv), layout="rows")
+            theirs, ours = KVCache.for_model(model), KVCache.for_model(model)
+            gen = generator(16)
+            for cache in ours:  # what a reset() cache keeps from a longer text: the mask must make it harmless
+                cache.keys.copy_(100 * torch.randn(cache.keys.shape, generator=gen, dtype=torch.float64))
+                cache.values.copy_(100 * torch.randn(cache.values.shape, generator=gen, dtype=torch.float64))
+            heads = f"{LM_H} heads, {kv or LM_H} key/value heads"
+            with torch.no_grad():
+                model(ids[None, :prompt], cache=theirs), model(ids[None, :prompt], cache=ours)
+                for position in range(prompt, len(ids)):
+                    token, at = ids[position:position + 1], torch.tensor([position])
+                    what = (f"static_step(model, token tensor([{int(token)}]), position tensor([{position}]), keys, "
+                            f"values) on a {'tied' if tied else 'untied'} {dtype_name(dtype)} model ({heads}) after a "
+                            f"prompt of {prompt} ids")
+                    expected = model(token[None], cache=theirs)[0]
+                    before = [cache.keys.clone() for cache in ours], [cache.values.clone() for cache in ours]
+                    out, error = attempt(what, static_step, model, token.clone(), at.clone(),
+                                         [cache.keys for cache in ours], [cache.values for cache in ours])
+                    if error is not None:
+                        crashed(what, error)
+                    if isinstance(out, Tensor) and out.shape == (1, 1, LM_V):
+                        fail(f"{what} returned shape (1, 1, {LM_V}), expected (1, {LM_V})", "return the logits of "
+                             "the one token, (1, vocab): the model's output [0], as generate's caller reads it")
+                    out = expect_tensor(what, out, (1, LM_V), f"the logits of the one token, (1, {LM_V})",
+                                        returns="return the logits, a tensor")
+
+                    def variant(**mistake: bool) -> Callable[[], Tensor]:
+                        def run() -> Tensor:
+                            keys, values = [t.clone() for t in before[0]], [t.clone() for t in before[1]]
+                            return _step_written_out(model, token, at, keys, values, **mistake)
+                        return run
+
+                    diagnose(what, out, expected, [
+                        (variant(rope=False), "RoPE is not applied: q and k go into the attention unrotated",
+                         "rotate q and k by the block's attn.rope at `position` (a tensor of shape (1,), which RoPE "
+                         "takes as token_positions), before Step 7"),
+                        (variant(residual=False), "the attention's residual is forgotten: x becomes the attention's "
+                         "output instead of x plus it", "x = x + attn.out(...), as notebook 09's block adds it"),
+                        (variant(parallel=True), "the feed-forward reads the block's input, not x after the "
+                         "attention's update (a parallel block)", "update x with the attention first, then x = x + "
+                         "block.ffn(block.ln2(x)) on the updated x, as notebook 09's pre-norm block"),
+                        (variant(final_norm=False), "ln_final is skipped: lm_head reads x unnormalised",
+                         "model.lm_head(model.ln_final(x)), as notebook 10's forward ends"),
+                        (variant(one_buffer=True), "every block writes into block 0's buffers: keys[0] and values[0]",
+                         "block i writes into keys[i] and values[i]: zip(model.layers, keys, values)"),
+                    ], "the logits of the model's forward with a cache, for this one token")
+                    for i, (mine, right) in enumerate(zip(ours, theirs)):
+                        if not close(mine.keys[..., :position + 1, :], right.keys[..., :position + 1, :]):
+                            fail(f"after {what}, block {i}'s key buffer does not hold the keys of the model's own "
+                                 f"cache at positions 0 … {position}", "write each block's rotated key into its own "
+                                 "buffer at `position`, with your Step 7")
+    passed("check_static_step: the logits of the model's forward with a cache at every position, stale buffers "
+           "harmless, each block's keys in its own buffers; tied float64 with grouped heads, untied float32")

@@ -1,6 +1,6 @@
 """Self-checks for the steps of notebook 16 (decoding fast): the bytes one decode step reads, a matrix stored
 column-major, several Linears' weights fused into one matrix, the fused projection split into heads, int8 weights
-with one scale per output row, and the product with them.
+with one scale per output row, the product with them, and one token's attention over fixed-size cache buffers.
 
 Each compares the learner's function with an answer computed here independently (the bytes from the model's
 configuration, the layouts from the strides, the quantization written out row by row, the product in float64) on
@@ -529,3 +529,113 @@ def check_int8_matmul(int8_matmul: Callable[[Tensor, Tensor, Tensor], Tensor]) -
             **tolerance)
     passed("int8_matmul: x @ (q · scale)ᵀ with one scale per output, in x's dtype (float32, float64, bfloat16), with "
            "and without leading dimensions")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Step 7 · attention at a fixed shape
+# ---------------------------------------------------------------------------------------------------------
+
+def _attention(q: Tensor, keys: Tensor, values: Tensor, seen: Tensor, scale: bool = True) -> Tensor:
+    """Softmax attention of q (..., h, 1, d) over the positions where `seen` (L,) is True, key/value head j serving
+    query heads j·g … j·g+g-1, in float64, written out: the checks' own reference."""
+    group = q.shape[-3] // keys.shape[-3]
+    k, v = keys.double().repeat_interleave(group, -3), values.double().repeat_interleave(group, -3)
+    scores = q.double() @ k.transpose(-2, -1) / (q.shape[-1] ** 0.5 if scale else 1.0)
+    weights = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
+    return (weights @ v).to(q.dtype)
+
+
+def check_attend_at(attend_at: Callable[..., Tensor]) -> None:
+    """Check ``attend_at(q, k, v, keys, values, position)``: k and v written into the buffers at ``position`` (a (1,)
+    integer tensor), in place, then q attending over the buffers with every position after ``position`` masked out.
+    Buffers of 6 positions whose unwritten ones hold large stale numbers (a reset cache keeps them), at positions 0, 3
+    and 5: grouped heads (4 query heads, 2 key/value heads) in float64, then one head per key/value head with a batch
+    of 2 in float32.
+
+    Mistakes it recognises: k and v not written into the buffers (or written into a copy), written at the wrong
+    position, or swapped; the mask forgotten (the stale positions attended to), `<` for `<=` (the new token does not
+    see itself), the mask inverted (True means "attend" for F.scaled_dot_product_attention), a 1-D mask; the heads
+    not grouped, or grouped the wrong way; the 1/√d_k forgotten.
+    """
+    gen = generator(7)
+    cases = [((), 4, 2, torch.float64, (0, 3, 5)), ((2,), 2, 2, torch.float32, (0, 5))]
+    length, d_k = 6, 4
+    for lead, heads, kv_heads, dtype, positions in cases:
+        keys = (100 * torch.randn(*lead, kv_heads, length, d_k, generator=gen, dtype=torch.float64)).to(dtype)
+        values = (100 * torch.randn(*lead, kv_heads, length, d_k, generator=gen, dtype=torch.float64)).to(dtype)
+        for position in positions:
+            q = torch.randn(*lead, heads, 1, d_k, generator=gen, dtype=torch.float64).to(dtype)
+            k, v = (torch.randn(*lead, kv_heads, 1, d_k, generator=gen, dtype=torch.float64).to(dtype)
+                    for _ in range(2))
+            at = torch.tensor([position])
+            what = (f"attend_at(q {tuple(q.shape)}, k and v {tuple(k.shape)}, keys and values {tuple(keys.shape)}, "
+                    f"position tensor([{position}])) in {dtype_name(dtype)}")
+            old_keys, old_values = keys.clone(), values.clone()
+            out, error = attempt(what, attend_at, q.clone(), k.clone(), v.clone(), keys, values, at.clone())
+            if error is not None:
+                words = str(error)
+                if "Dimension out of range" in words:
+                    fail(f"{what} raised {type(error).__name__} ({first_line(error)}): most likely the mask is 1-D, "
+                         "(max_seq_len,), which F.scaled_dot_product_attention reads for some shapes and not others",
+                         "shape the mask (1, max_seq_len), one row for the one query: mask.view(1, -1)")
+                if heads != kv_heads and "must match the size" in words:
+                    fail(f"{what} raised {type(error).__name__} ({first_line(error)}): the {heads} query heads meet "
+                         f"{kv_heads} key/value heads without being grouped", "let F.scaled_dot_product_attention "
+                         "group them (enable_gqa=True), or repeat each key/value head g times in place "
+                         "(repeat_interleave(g, dim=-3))")
+                crashed(what, error)
+            new_keys, new_values = old_keys.clone(), old_values.clone()
+            new_keys[..., position, :], new_values[..., position, :] = k[..., 0, :], v[..., 0, :]
+            if not (torch.equal(keys, new_keys) and torch.equal(values, new_values)):
+                others = [p for p in range(length) if p != position]
+                untouched = torch.equal(keys[..., others, :], old_keys[..., others, :])
+                if torch.equal(keys, old_keys) and torch.equal(values, old_values):
+                    fail("k and v are not written into the buffers: keys and values are unchanged (written into a "
+                         "copy, such as the result of index_copy without the underscore, or not at all)",
+                         "write in place: keys.index_copy_(-2, position, k) (and the same for values), so that the "
+                         "cache keeps them for the next steps", f"on {what}")
+                if torch.equal(keys[..., position, :], v[..., 0, :]) and torch.equal(values[..., position, :],
+                                                                                     k[..., 0, :]):
+                    fail("k and v are swapped: the key went into values and the value into keys",
+                         "k into keys, v into values", f"on {what}")
+                if not untouched:
+                    fail("k and v are written at the wrong place: positions other than `position` changed",
+                         "write along the positions' axis (-2) at `position` alone: index_copy_(-2, position, k)",
+                         f"on {what}")
+                fail("the buffers do not hold k and v at `position` after the call", "keys[..., position, :] must be "
+                     "k and values[..., position, :] must be v: index_copy_(-2, position, k)", f"on {what}")
+            out = expect_tensor(what, out, q.shape, "one vector per query head: (..., heads, 1, d_k), q's shape",
+                                returns="return the attention's output, a tensor")
+            span = torch.arange(length)
+            expected = _attention(q, new_keys, new_values, span <= position)
+            tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-7, atol=1e-7)
+            group = heads // kv_heads
+            tiled = lambda t: t.repeat(*([1] * (t.ndim - 3)), group, 1, 1)  # noqa: E731 (heads 0, 1, 0, 1, …)
+            variants = [
+                (lambda: _attention(q, new_keys, new_values, span >= 0), "the mask is forgotten: q attends to every "
+                 "position of the buffers, those not written yet (or left by an earlier text) included",
+                 "mask out the positions after `position`: attn_mask = arange(max_seq_len) <= position, shaped (1, "
+                 "max_seq_len)"),
+                *[(lambda empty=empty: _attention(q, new_keys, new_values, span < position).nan_to_num(empty),
+                   "the new token does not see itself: the mask keeps the positions < position, not <= position (at "
+                   "position 0 nothing is left: zeros from F.scaled_dot_product_attention, NaN from a softmax)",
+                   "keep every position up to and including `position`: arange(max_seq_len) <= position")
+                  for empty in (float("nan"), 0.0)],
+                *[(lambda empty=empty: _attention(q, new_keys, new_values, span > position).nan_to_num(empty),
+                   "the mask is inverted: q attends to the positions after `position` only", "for F.scaled_dot_product"
+                   "_attention a boolean mask's True means *take part* (the opposite of masked_fill's): pass "
+                   "arange(max_seq_len) <= position") for empty in (float("nan"), 0.0)],
+                (lambda: _attention(q, new_keys, new_values, span <= position, scale=False),
+                 "the scores are not divided by √d_k", "scale q·kᵀ by 1/√d_k, as notebook 05 (F.scaled_dot_product_"
+                 "attention does it by default)"),
+            ]
+            if group > 1:
+                variants.append((lambda: _attention(q, tiled(new_keys), tiled(new_values), span <= position),
+                                 "the key/value heads are tiled (0, 1, 0, 1, …), not repeated in place (0, 0, 1, 1, "
+                                 "…)", "key/value head j serves query heads j·g … j·g+g-1: repeat_interleave(g, "
+                                 "dim=-3), or let F.scaled_dot_product_attention group them (enable_gqa=True)"))
+            diagnose(what, out, expected, variants, "attention of q over positions 0 … position of the buffers, "
+                     "after writing k and v there", **tolerance)
+            keys.copy_(new_keys), values.copy_(new_values)
+    passed("attend_at: k and v written in place at `position`, q attending over the buffers up to it and not past it "
+           "(stale numbers ignored), grouped heads, float32 and float64")
