@@ -386,16 +386,17 @@ def test_static_step_gives_the_prepared_models_logits(dtype):
 
 
 def test_compile_gives_generates_tokens_and_compiles_once():
-    """prepare_for_decode(compile=True): generate's greedy ids equal the plain model's, for two prompt and reply
-    lengths (so two cache lengths: one compilation serves both, none is added), and for a deepcopy of the model,
-    whose forward is its own. The model's other calls (a prompt, no cache) run its own forward."""
+    """prepare_for_decode(compile=True): generate's greedy ids equal the plain model's, for three prompt and reply
+    lengths (so three cache lengths, the first equal to the number of key/value heads, which dynamic=True would have
+    tied to it: one compilation serves all, none is added), and for a deepcopy of the model, whose forward is its own.
+    The model's other calls (a prompt, no cache) run its own forward."""
     plain = lm(kv=2, seed=5)
     model = prepare_for_decode(copy.deepcopy(plain), compile=True)
     assert prepare_for_decode(model, compile=True).forward.__func__ is model.forward.__func__  # again: unchanged
     torch._dynamo.reset()
     counts = torch._dynamo.utils.counters
     counts.clear()
-    for prompt, new in (([1, 2, 3], 10), ([4, 5, 6, 7, 8], 7)):
+    for prompt, new in (([1], 1), ([1, 2, 3], 10), ([4, 5, 6, 7, 8], 7)):  # first a length of 2, the key heads' number
         expected = generate(plain, torch.tensor(prompt), new, temperature=0)
         assert generate(model, torch.tensor(prompt), new, temperature=0).tolist() == expected.tolist()
     assert counts["stats"]["unique_graphs"] == 1, dict(counts["stats"])

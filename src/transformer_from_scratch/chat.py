@@ -428,7 +428,7 @@ def _prepare(package: str, model, args: argparse.Namespace, loras: dict) -> str:
             importlib.import_module(package).generate(
                 model, torch.zeros(1, dtype=torch.long, device=model.token_embeddings.weight.device), 2,
                 temperature=0.0)
-            _info(f"[compiled in {time.perf_counter() - start:.0f} s]")
+            args.compile_seconds = time.perf_counter() - start  # the load line shows it apart
     except NotImplementedError as error:
         restore()
         words = str(error).splitlines()[0] if str(error) else "NotImplementedError"
@@ -463,10 +463,12 @@ def _run(pretrained, path: Path, args: argparse.Namespace) -> int:
     except (AttributeError, TypeError):
         parameters = ""
     decode = _prepare(args.package, model, args, loras)  # after the count: int8 weights are buffers
-    seconds = time.perf_counter() - start
+    compiled = getattr(args, "compile_seconds", None)
+    seconds = time.perf_counter() - start - (compiled or 0.0)
     name = path.name.split(".")[0]
-    _info(f"{name} in {args.package}: {parameters}{args.dtype}{adapter}, loaded in {seconds:.1f} s, decoding on "
-          f"{args.threads} thread{'s' if args.threads > 1 else ''} with {decode}")
+    _info(f"{name} in {args.package}: {parameters}{args.dtype}{adapter}, loaded in {seconds:.1f} s"
+          + (f", compiled in {compiled:.0f} s" if compiled is not None else "") + f", decoding on {args.threads} "
+          f"thread{'s' if args.threads > 1 else ''} with {decode}")
 
     session = Session(pretrained, model, tokenizer, args)
     if args.prompt is None:

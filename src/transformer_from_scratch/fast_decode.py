@@ -1,6 +1,6 @@
 # Generated from notebooks/16_fast_decode.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 94cb709e86d04fa017d23b6996239fcaa90a769b504f74d5cde77fd76d44dcc7
+# body-sha256: 5cab6f7d25649f5c073d8bdfb3f86b68c153024f4a19dbe28252d364f133b724
 
 import time
 import types
@@ -298,10 +298,13 @@ def _compiled_forward(model: nn.Module, token_ids: Tensor, token_positions: Tens
     if (cache is None or token_positions is not None or token_ids.shape != (1, 1) or checking()
             or cache[0].length >= cache[0].keys.shape[-2]):
         return own(model, token_ids, token_positions, cache=cache)
-    if _compiled_step is None:  # dynamic: the buffers' length is a symbol, so one compilation serves every length
-        _compiled_step = torch.compile(static_step, fullgraph=True, dynamic=True)
+    if _compiled_step is None:
+        _compiled_step = torch.compile(static_step, fullgraph=True)
+    keys, values = [c.keys for c in cache], [c.values for c in cache]
+    for buffer in keys + values:  # the length a symbol: one compilation for every length (dynamic=True would also
+        torch._dynamo.mark_dynamic(buffer, 2)  # give a length equal to the number of heads their symbol, and recompile)
     position = torch.tensor([cache[0].length], device=token_ids.device)
-    logits = _compiled_step(model, token_ids[0], position, [c.keys for c in cache], [c.values for c in cache])
+    logits = _compiled_step(model, token_ids[0], position, keys, values)
     for layer_cache in cache:
         layer_cache.length += 1
     return logits.unsqueeze(0)  # (1, 1, vocab), as the model's forward
