@@ -390,13 +390,13 @@ def test_compile_gives_generates_tokens_and_compiles_once():
     lengths (so three cache lengths, the first equal to the number of key/value heads, which dynamic=True would have
     tied to it: one compilation serves all, none is added), and for a deepcopy of the model, whose forward is its own.
     The model's other calls (a prompt, no cache) run its own forward."""
-    plain = lm(kv=2, seed=5)
+    plain = lm(seed=5)  # 4 key/value heads
     model = prepare_for_decode(copy.deepcopy(plain), compile=True)
     assert prepare_for_decode(model, compile=True).forward.__func__ is model.forward.__func__  # again: unchanged
     torch._dynamo.reset()
     counts = torch._dynamo.utils.counters
     counts.clear()
-    for prompt, new in (([1], 1), ([1, 2, 3], 10), ([4, 5, 6, 7, 8], 7)):  # first a length of 2, the key heads' number
+    for prompt, new in (([1, 2], 2), ([1, 2, 3], 10), ([4, 5, 6, 7, 8], 7)):  # first a length of 4, the heads' number
         expected = generate(plain, torch.tensor(prompt), new, temperature=0)
         assert generate(model, torch.tensor(prompt), new, temperature=0).tolist() == expected.tolist()
     assert counts["stats"]["unique_graphs"] == 1, dict(counts["stats"])
@@ -405,6 +405,8 @@ def test_compile_gives_generates_tokens_and_compiles_once():
     expected = generate(plain, torch.tensor([9, 1]), 6, temperature=0)
     assert generate(twin, torch.tensor([9, 1]), 6, temperature=0).tolist() == expected.tolist()
     torch.testing.assert_close(model(torch.tensor([[1, 2, 3]])), plain(torch.tensor([[1, 2, 3]])))
+    with pytest.raises(ValueError, match=f"got ids from {V} to {V}"):  # a prompt of one id: the model's own checks
+        generate(model, torch.tensor([V]), 2, temperature=0)
 
 def test_compile_needs_fuse():
     with pytest.raises(ValueError, match="compile=True compiles the fused step: it needs fuse=True"):

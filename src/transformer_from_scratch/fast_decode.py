@@ -1,6 +1,6 @@
 # Generated from notebooks/16_fast_decode.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 5cab6f7d25649f5c073d8bdfb3f86b68c153024f4a19dbe28252d364f133b724
+# body-sha256: 43abd67ccdb9692d58f79963507599c56beef2c340bba30d67eb76dddc3b0fcd
 
 import time
 import types
@@ -292,11 +292,12 @@ def _compiled_forward(model: nn.Module, token_ids: Tensor, token_positions: Tens
                       cache: list | None = None) -> Tensor:
     """The forward of a model prepared with compile=True. One new id (token_ids (1, 1)) after what a cache holds, as
     generate's steps call it, runs static_step compiled; the arguments are trusted, as inside generate. Every other
-    call (a prompt, a batch, no cache, given positions, a full cache, or checks on) runs the model's own forward."""
+    call (a prompt, even of one id, whose ids the model's forward checks; a batch, no cache, given positions, a full
+    cache, or checks on) runs the model's own forward."""
     global _compiled_step
     own = type(model).forward
     if (cache is None or token_positions is not None or token_ids.shape != (1, 1) or checking()
-            or cache[0].length >= cache[0].keys.shape[-2]):
+            or not 0 < cache[0].length < cache[0].keys.shape[-2]):
         return own(model, token_ids, token_positions, cache=cache)
     if _compiled_step is None:
         _compiled_step = torch.compile(static_step, fullgraph=True)
