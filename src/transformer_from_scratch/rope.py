@@ -1,10 +1,11 @@
 # Generated from notebooks/06_rope.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 541f887fd7c8a83297107858318b99e77afb2a2d52b0f40fa197d094e8aff59c
+# body-sha256: 3a6191acc3fa35c34e212734e7611590a511898fa6c0e72780590dfc6d4a9190
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
+from torch.compiler import is_compiling
 
 from transformer_from_scratch.shapes import check_positions, is_integer_dtype, shape_checked
 
@@ -30,7 +31,7 @@ def _checked_positions(token_positions: Tensor | range, x_shape: torch.Size, max
         raise TypeError(f"RotaryPositionalEmbedding: token_positions must be integers, "
                         f"got dtype {token_positions.dtype}")
     check_positions("RotaryPositionalEmbedding", token_positions, x_shape[:-1], x_shape)  # a few comparisons: always on
-    if token_positions.numel() > 0 and not torch.compiler.is_compiling():  # compiled: no branching on values
+    if token_positions.numel() > 0 and not is_compiling():  # compiled: no branching on values
         low, high = torch.stack(torch.aminmax(token_positions)).tolist()  # one read-back from the device
         if low < 0 or high >= max_seq_len:
             raise ValueError(f"RotaryPositionalEmbedding: token_positions must lie in [0, max_seq_len) = "
@@ -74,7 +75,7 @@ class RotaryPositionalEmbedding(nn.Module):
         compute = torch.promote_types(x.dtype, torch.float32)  # half precision is rotated in float32
         cos = self.cos_table[token_positions].to(compute)  # (..., seq, d_k/2): one angle per token and pair
         sin = self.sin_table[token_positions].to(compute)
-        if torch.compiler.is_compiling():  # inductor generates no code for complex numbers: Step 4's rotation instead
+        if is_compiling():  # torch.compile's inductor generates no code for complex numbers: Step 4's rotation instead
             even, odd = x[..., 0::2].to(compute), x[..., 1::2].to(compute)
             return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2).to(x.dtype)
         # Pair k as the complex number x[2k] + i·x[2k+1]: the rotation by θ is one multiplication by cos θ + i·sin θ.
