@@ -1,6 +1,6 @@
 # Generated from notebooks/16_fast_decode.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 43abd67ccdb9692d58f79963507599c56beef2c340bba30d67eb76dddc3b0fcd
+# body-sha256: b63879be404db9a735d1a9be1c0ed6774c027e5eebd1e8575bd18663a5f110f1
 
 import time
 import types
@@ -267,12 +267,27 @@ class FusedSwiGLU(nn.Module):
         return f"d_model={self.d_model}, d_ff={self.d_ff}, one w1/w3 product"
 
 
+def _check_static_step(model: nn.Module, token: Tensor, position: Tensor, keys: list, values: list) -> None:
+    """static_step's checks: a prepared model (fused attention), one token and one position as (1,) tensors, and one
+    key and one value buffer per block; a TypeError or ValueError that names what is wrong."""
+    if not all(hasattr(getattr(block, "attn", None), "qkv") for block in getattr(model, "layers", [None])):
+        raise TypeError("static_step: a TransformerLM prepared by prepare_for_decode (every block's attention fused, "
+                        "a FusedSelfAttention with its qkv), got " + type(model).__name__)
+    if token.shape != (1,) or position.shape != (1,):
+        raise ValueError(f"static_step: one token and one position, each of shape (1,), got token of shape "
+                         f"{tuple(token.shape)} and position of shape {tuple(position.shape)}")
+    if not len(keys) == len(values) == len(model.layers):
+        raise ValueError(f"static_step: one key and one value buffer per block ({len(model.layers)}), got "
+                         f"{len(keys)} and {len(values)}")
+
+
 def static_step(model: nn.Module, token: Int[Tensor, "1"], position: Int[Tensor, "1"], keys: list[Tensor],
                 values: list[Tensor]) -> Float[Tensor, "1 vocab"]:
     """One decode step of a prepared model (its blocks fused) whose shapes do not depend on the position: the token
     (1,) at `position` (1,) through every block, block i's new key and value written into its full buffers keys[i]
     and values[i] (1, kv_heads, max_seq_len, d_k) by Step 7; returns the next token's logits (1, vocab). This is
     TransformerLM.forward with a cache, for one token: what prepare_for_decode(compile=True) compiles, once."""
+    _check_static_step(model, token, position, keys, values)
     x = model.token_embeddings(token.view(1, 1))  # (1, 1, d_model)
     for block, block_keys, block_values in zip(model.layers, keys, values):
         attn = block.attn
