@@ -24,6 +24,7 @@ import io
 import json
 import os
 import re
+import time
 import tokenize
 from pathlib import Path
 
@@ -306,13 +307,15 @@ def _run_edition(course: Path, write, machine, *, allow_errors: bool = False) ->
     startup = course / "ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True)
     (startup / "00-threads.py").write_text(STARTUP)
-    executed = {}
+    executed, seconds = {}, {}
     for notebook in NOTEBOOKS:
         nb = nbformat.read(out / notebook.name, as_version=4)
+        start = time.perf_counter()
         NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(out)}},
                        allow_errors=allow_errors).execute(
             env={**os.environ, **machine, "IPYTHONDIR": str(course / "ipython")})
-        executed[notebook.name] = nb
+        executed[notebook.name], seconds[notebook.name] = nb, round(time.perf_counter() - start, 1)
+        (course / "seconds.json").write_text(json.dumps(seconds, indent=1))  # where the run's time goes, to read
     return out, executed
 
 
