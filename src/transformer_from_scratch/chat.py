@@ -378,17 +378,20 @@ def _merge_adapter(package: str, model, directory: Path) -> tuple[str, dict]:
 
 
 def _snapshot(model) -> Callable[[], None]:
-    """What puts every module of `model` back as it is now: each one's submodules, parameters and buffers (the
-    objects, not copies: prepare_for_decode replaces them, it does not change their numbers)."""
-    saved = [(module, dict(module._modules), dict(module._parameters), dict(module._buffers),
+    """What puts every module of `model` back as it is now: each one's submodules, parameters, buffers and other
+    attributes (compile=True's forward, set on the instance), the objects, not copies: prepare_for_decode replaces
+    them, it does not change their numbers."""
+    saved = [(module, dict(vars(module)), dict(module._modules), dict(module._parameters), dict(module._buffers),
               set(module._non_persistent_buffers_set)) for module in model.modules()]
 
     def restore() -> None:
-        for module, modules, parameters, buffers, non_persistent in saved:
+        for module, attributes, modules, parameters, buffers, non_persistent in saved:
             for table, before in ((module._modules, modules), (module._parameters, parameters),
                                   (module._buffers, buffers), (module._non_persistent_buffers_set, non_persistent)):
                 table.clear()
                 table.update(before)
+            vars(module).clear()  # the tables above are among these, the same objects
+            vars(module).update(attributes)
 
     return restore
 
@@ -425,7 +428,7 @@ def _prepare(package: str, model, args: argparse.Namespace, loras: dict) -> str:
         if args.compile:
             _info("[compiling the decode step (torch.compile): about a minute on 2 cores, once]")
             start = time.perf_counter()
-            importlib.import_module(package).generate(
+            importlib.import_module(f"{package}.transformer_lm").generate(  # notebook 10's, as chat's replies
                 model, torch.zeros(1, dtype=torch.long, device=model.token_embeddings.weight.device), 2,
                 temperature=0.0)
             args.compile_seconds = time.perf_counter() - start  # the load line shows it apart

@@ -1,6 +1,6 @@
 # Generated from notebooks/16_fast_decode.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: b63879be404db9a735d1a9be1c0ed6774c027e5eebd1e8575bd18663a5f110f1
+# body-sha256: e0a8a58c00f2ad654968c2ecb5e54ec08ffcffc5cd50a76addb3d1260e40940a
 
 import time
 import types
@@ -320,7 +320,14 @@ def _compiled_forward(model: nn.Module, token_ids: Tensor, token_positions: Tens
     for buffer in keys + values:  # the length a symbol: one compilation for every length (dynamic=True would also
         torch._dynamo.mark_dynamic(buffer, 2)  # give a length equal to the number of heads their symbol, and recompile)
     position = torch.tensor([cache[0].length], device=token_ids.device)
-    logits = _compiled_step(model, token_ids[0], position, keys, values)
+    failure = None
+    try:
+        logits = _compiled_step(model, token_ids[0], position, keys, values)
+    except torch._dynamo.exc.Unsupported as error:  # found while tracing, before anything ran: a raise (a stub's)
+        failure = error  # or code that is not one graph. Run as written once, the step raises its own error if any
+    if failure is not None:
+        static_step(model, token_ids[0], position, keys, values)
+        raise failure
     for layer_cache in cache:
         layer_cache.length += 1
     return logits.unsqueeze(0)  # (1, 1, vocab), as the model's forward
