@@ -196,7 +196,7 @@ class Float32Out(Int8Linear):
 INT8_MUTANTS = {
     "the float weight kept": (FloatKept, "keeps a float Parameter"),
     "an int8 Parameter": (Int8Parameter, "stores weight as a Parameter, not a buffer"),
-    "a float buffer": (FloatBuffer, "Int8Linear(weight of shape (5, 8), float32).weight is torch.float32"),
+    "a float buffer": (FloatBuffer, "Int8Linear(weight of shape (5, 16), float32).weight is torch.float32"),
     "stored transposed": (Transposed, "it is stored transposed"),
     "scale float64": (ScaleFloat64, "expected float32 of shape (5,)"),
     "not persistent": (NotPersistent, "state dict holds [], not weight and scale"),

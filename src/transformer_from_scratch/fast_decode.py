@@ -1,6 +1,6 @@
 # Generated from notebooks/16_fast_decode.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: e0a8a58c00f2ad654968c2ecb5e54ec08ffcffc5cd50a76addb3d1260e40940a
+# body-sha256: 68f1339c0a80ad34052889c2dbec78f8346b9f43a399527e5d3df4b88d17b1fb
 
 import time
 import types
@@ -162,10 +162,10 @@ KERNEL_ROWS = 8  # Int8Linear's kernel for up to this many vectors (decoding); m
 
 def _has_int8_kernel(x: Tensor) -> bool:
     """PyTorch's int8 weight-only matmul (the one gpt-fast uses) exists for this input: on the CPU, for float32,
-    bfloat16 and float16 (not float64, not CUDA in torch 2.13), and d_in a multiple of 8 (torch 2.13's kernel crashed
-    the process on bfloat16 rows of 6)."""
+    bfloat16 and float16 (not float64, not CUDA in torch 2.13), and d_in a multiple of 16: torch 2.13's kernel crashed
+    the process on bfloat16 rows of 6 on an AMD EPYC, and of 8, 24, 40 or 56 on an Intel Xeon with AVX-512 and AMX."""
     return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and x.shape[-1] % 8 == 0)
+            and x.shape[-1] % 16 == 0)
 
 
 class Int8Linear(nn.Module):

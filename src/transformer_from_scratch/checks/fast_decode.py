@@ -95,11 +95,11 @@ def _quantized(weight: Tensor) -> tuple[Tensor, Tensor]:
     return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
 
 
-_D_IN = 8  # PyTorch's int8 kernel (torch 2.13, CPU) crashes the process for bfloat16 when d_in is not a multiple of 8
+_D_IN = 16  # PyTorch's int8 kernel (torch 2.13, CPU) crashes the process for bfloat16 unless d_in is a multiple of 16
 
 
 def _int8_weight(gen: torch.Generator) -> Tensor:
-    """(5, 8) float32, its rows of different sizes (so that one scale for all shows)."""
+    """(5, 16) float32, its rows of different sizes (so that one scale for all shows)."""
     rows = torch.tensor([1.0, 3.0, 0.2, 0.5, 2.0], dtype=torch.float64)[:, None]
     return (torch.randn(5, _D_IN, generator=gen, dtype=torch.float64) * rows).float()
 
@@ -181,7 +181,7 @@ def _int8_forward(layer: nn.Module, x: Tensor, q: Tensor, scale: Tensor, weight:
 def check_int8_linear(impl: type) -> None:
     """Check the learner's ``Int8Linear(weight)``; print one line if it is right, else raise ``AssertionError``.
 
-    Checked, from a (5, 8) float32 weight whose rows differ in size: the weight given unchanged; no Parameter, the
+    Checked, from a (5, 16) float32 weight whose rows differ in size: the weight given unchanged; no Parameter, the
     buffers ``weight`` (int8, (d_out, d_in)) and ``scale`` (float32, (d_out,)) equal to the quantization per output
     row written out here, and nothing else in the state dict; outputs close to x (q · scale)ᵀ for float32 (the int8
     kernel for a few vectors; 20 vectors, a prefill, may take Step 6), equal to it for float64 (no kernel: Step 6) and
