@@ -80,7 +80,7 @@ images: $(STAMP) ## Redraw the architecture diagrams in images/
 # BENCH_ARGS="--only decode" has a llama.cpp row when llama-cpp-python (the bench-llama extra, never part of dev) is
 # installed; it builds from source for this CPU, about 17 minutes on 2 cores:
 #   CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
-#     .venv/bin/pip install --no-binary llama-cpp-python ".[bench-llama]"
+#     .venv/bin/pip install --no-binary llama-cpp-python -e ".[bench-llama]"
 bench: $(STAMP) ## Benchmark against PyTorch's built-ins (BENCH_ARGS="--no-compile --no-notebooks" for a quick one; "--only decode --threads N": make chat's decode against HF and llama.cpp)
 	$(BIN)/python -m transformer_from_scratch.benchmark $(BENCH_ARGS)
 

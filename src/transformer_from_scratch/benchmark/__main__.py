@@ -728,7 +728,7 @@ FAST_DECODE_LABELS = {"hf": "HF transformers `model.generate`", "plain": "ours, 
                       "int8": "ours, `prepare_for_decode(int8=True)`",
                       "llama.cpp": "llama.cpp (llama-cpp-python, the GGUF's own Q4_1/Q8_0 blocks)"}
 LLAMA_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
-LLAMA_INSTALL = (f'CMAKE_ARGS="{LLAMA_CMAKE_ARGS}" .venv/bin/pip install --no-binary llama-cpp-python '
+LLAMA_INSTALL = (f'CMAKE_ARGS="{LLAMA_CMAKE_ARGS}" .venv/bin/pip install --no-binary llama-cpp-python -e '
                  f'".[bench-llama]"')
 
 
