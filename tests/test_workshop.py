@@ -18,6 +18,7 @@ learner's Run All and the portability of its outputs.
 
 import collections
 import concurrent.futures
+import datetime
 import difflib
 import functools
 import io
@@ -314,9 +315,22 @@ def _run_edition(course: Path, write, machine, *, allow_errors: bool = False) ->
         NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(out)}},
                        allow_errors=allow_errors).execute(
             env={**os.environ, **machine, "IPYTHONDIR": str(course / "ipython")})
-        executed[notebook.name], seconds[notebook.name] = nb, round(time.perf_counter() - start, 1)
+        executed[notebook.name], seconds[notebook.name] = nb, {"all": round(time.perf_counter() - start, 1),
+                                                               "slowest cells": _slowest_cells(nb)}
         (course / "seconds.json").write_text(json.dumps(seconds, indent=1))  # where the run's time goes, to read
     return out, executed
+
+
+def _slowest_cells(nb, count: int = 3) -> dict[str, float]:
+    """The `count` slowest code cells of an executed notebook (nbclient's timestamps), by id: their seconds."""
+    seconds = {}
+    for cell in nb.cells:
+        stamps = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" in stamps and "shell.execute_reply" in stamps:
+            start, end = (datetime.datetime.fromisoformat(stamps[key].replace("Z", "+00:00"))
+                          for key in ("iopub.execute_input", "shell.execute_reply"))
+            seconds[cell.get("id", "?")] = round((end - start).total_seconds(), 1)
+    return dict(sorted(seconds.items(), key=lambda item: -item[1])[:count])
 
 
 def _make_smaller(student: dict, name: str) -> None:
