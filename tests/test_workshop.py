@@ -54,8 +54,10 @@ MIN_STEPS = 3  # learner-written, self-checked steps in each notebook's Build it
 # trains for minutes (nbval re-executes that in full) runs here at a size that takes seconds, by these replacements
 # in the copy, each of which must match its cell exactly once (a renamed size fails here, not silently).
 # The machine each edition runs on (side by side on the two cores of CI): the written edition on one torch thread, the
-# stuck one on four with MKL's AVX2 kernels. Four threads on the two cores cost the whole run nothing measurable (884 s
-# and 914 s in two runs, against 877 s with four threads for 09-14 only, on 2026-12-07). torch caps OMP_NUM_THREADS at
+# stuck one on four with MKL's AVX2 kernels. Four threads on the two cores cost the whole run nothing measurable on the
+# AMD VM (884 s and 914 s in two runs, against 877 s with four threads for 09-14 only, on 2026-12-07), but on the Intel
+# VM the four-thread edition took 400 s against the one-thread edition's 334 s (notebook 10's training cell 35 s against
+# 7 s: small products split four ways on two cores wait for each other; seconds.json says). torch caps OMP_NUM_THREADS at
 # the number of cores, and four threads must be four on a 2-core machine too: an IPython startup file sets them in each
 # kernel. Four threads on fewer cores wait for each other: OMP_WAIT_POLICY=PASSIVE lets a waiting thread sleep instead
 # of spinning (the same sums in the same order). MKL's processor-independent kernels (MKL_CBWR=COMPATIBLE, an older
