@@ -1,6 +1,6 @@
 # Generated from notebooks/16_fast_decode.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 68f1339c0a80ad34052889c2dbec78f8346b9f43a399527e5d3df4b88d17b1fb
+# body-sha256: 9fd4f29d232918d8ff6a8a59f90798f3975478ba971e4dcf7bc0a9524951d69b
 
 import time
 import types
@@ -398,7 +398,8 @@ def prepare_for_decode(model: nn.Module, *, fuse: bool = True, layout: str = "au
                        threads: int | None = None, compile: bool = False) -> nn.Module:
     """Make a TransformerLM (notebook 10's, loaded or trained) decode faster, in place, and return it.
 
-    fuse (exact: the same function, the greedy tokens of the plain model): every block's attention becomes a
+    fuse (exact: the same function, in float32 the greedy tokens of the plain model; a CPU's bfloat16 products of a
+    fused matrix may round otherwise than those of its parts): every block's attention becomes a
     FusedSelfAttention and its SwiGLU a FusedSwiGLU, four products a block instead of seven; the state dict keeps its
     names and values. layout: how every fused matrix and lm_head are stored, "columns" (Step 2), "rows" (as loaded), or
     "auto", the faster of the two for lm_head's product on this machine (faster_layout; a tied embedding table stays
