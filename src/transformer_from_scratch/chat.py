@@ -20,15 +20,16 @@ during a reply stops that reply (what was said so far stays in the conversation)
 its update merged into the weights (tune.load_adapter, then LoRALinear.merge), before the chat. Then, by default,
 NAME.fast_decode.prepare_for_decode (notebook 16) makes the loaded model decode faster, in place: q/k/v and w1/w3 each
 one fused product, every matrix stored in the layout that faster_layout times faster here (rows or columns), lm_head's
-too; the same function, so greedy replies keep their tokens. --no-fast keeps the plain model (to compare), --int8 quantizes every matrix to int8 (approximate: a reply may
-change; on a CPU without a fast int8 kernel, like the course's AMD VM, it is slower than float32), --compile sends each
-decoded token through a step compiled by torch.compile (prepare_for_decode(compile=True): the same tokens, faster once
-compiled; the compilation, before the first prompt, takes about a minute on 2 cores, seconds from inductor's cache
-in a later run). A package without
-fast_decode, or whose prepare_for_decode (or, with --compile, static_step) is still a stub (NotImplementedError),
-chats with the plain model and says so. The load time goes to stderr at the start, and each reply's tokens and tokens/s after it. The flags are checked
-before the load (seconds). The decode runs on the cores that are free when it starts (--threads, by default the
-cores less the load average, at least 1): on a busy machine one thread, on an idle one all of them.
+too; the same function, so greedy replies keep their tokens. --no-fast keeps the plain model (to compare), --int8
+quantizes every matrix to int8 (approximate: a reply may change; on a CPU without a fast int8 kernel, like the course's
+AMD and Intel VMs, it is slower than float32), --compile sends each decoded token through a step compiled by
+torch.compile (prepare_for_decode(compile=True): the same tokens, faster once compiled; the compilation, before the
+first prompt, takes about a minute on 2 cores, seconds from inductor's cache in a later run). A package without
+fast_decode, or whose prepare_for_decode (or, with --compile, static_step) is still a stub (NotImplementedError), chats
+with the plain model and says so. The load time goes to stderr at the start, and each reply's tokens and tokens/s after
+it. The flags are checked before the load (seconds). The decode runs on the cores that are free when it starts
+(--threads, by default the cores less the load average, at least 1): on a busy machine one thread, on an idle one all of
+them.
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--int8", action="store_true",
                         help="int8 weights, one scale per row (prepare_for_decode(int8=True)): a quarter of "
                              "float32's bytes, but approximate (a reply may change), and slower on CPUs without a "
-                             "fast int8 kernel: on the course's 2-core AMD VM slower than float32, plain or fused "
-                             "(measured: make bench BENCH_ARGS=\"--only decode\", the README's Speed section)")
+                             "fast int8 kernel: on the course's 2-core AMD and Intel VMs slower than float32, plain "
+                             "or fused (measured: make bench BENCH_ARGS=\"--only decode\", the README's Speed section)")
     parser.add_argument("--compile", action="store_true",
                         help="decode each token with a step compiled by torch.compile (prepare_for_decode(compile="
                              "True)): the same greedy tokens, faster, after a compilation before the first prompt "
