@@ -25,6 +25,7 @@ import io
 import json
 import os
 import re
+import threading
 import time
 import tokenize
 from pathlib import Path
@@ -294,6 +295,9 @@ def _fill(student: dict, guided: dict) -> int:
     return filled
 
 
+_PREPARING = threading.Lock()
+
+
 def _run_edition(course: Path, write, machine, *, allow_errors: bool = False) -> tuple[Path, dict]:
     """Build the student edition into course/notebooks/student, let write(student, guided, name) play the learner on
     each notebook (in place), then run them all in order, in fresh kernels, each with the environment machine:
@@ -301,12 +305,15 @@ def _run_edition(course: Path, write, machine, *, allow_errors: bool = False) ->
     (course / "notebooks").mkdir()
     (course / "notebooks" / "data").symlink_to(REPO / "notebooks" / "data")  # the corpus, at ../data as in a clone
     out = course / "notebooks" / "student"
-    build(NOTEBOOKS, out)
-    for notebook in NOTEBOOKS:
-        student = nbformat.read(out / notebook.name, as_version=4)
-        write(student, nbformat.read(notebook, as_version=4), notebook.name)
-        _make_smaller(student, notebook.name)
-        nbformat.write(student, out / notebook.name)
+    # One edition at a time: build() parses Python (ast), which CPython 3.11.7 cannot do in two threads at once
+    # ("SystemError: AST constructor recursion depth mismatch", seen in a clean clone's run).
+    with _PREPARING:
+        build(NOTEBOOKS, out)
+        for notebook in NOTEBOOKS:
+            student = nbformat.read(out / notebook.name, as_version=4)
+            write(student, nbformat.read(notebook, as_version=4), notebook.name)
+            _make_smaller(student, notebook.name)
+            nbformat.write(student, out / notebook.name)
     startup = course / "ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True)
     (startup / "00-threads.py").write_text(STARTUP)
