@@ -413,6 +413,25 @@ def test_compile_gives_generates_tokens_and_compiles_once():
     with pytest.raises(ValueError, match=f"got ids from {V} to {V}"):  # a prompt of one id: the model's own checks
         generate(model, torch.tensor([V]), 2, temperature=0)
 
+def test_a_step_that_is_not_one_graph_says_so(monkeypatch):
+    """A learner's static_step that runs but that dynamo cannot trace whole (a print in it): the compiled forward runs
+    it once as written, then raises one RuntimeError that names the reason, not dynamo's page."""
+    import transformer_from_scratch.fast_decode as fast_decode
+
+    written = fast_decode.static_step
+
+    def chatty_step(model, token, position, keys, values):
+        print("step at", position)
+        return written(model, token, position, keys, values)
+
+    monkeypatch.setattr(fast_decode, "static_step", chatty_step)
+    monkeypatch.setattr(fast_decode, "_compiled_step", None)  # compiled anew, from the step above
+    model = prepare_for_decode(lm(), compile=True)
+    with pytest.raises(RuntimeError, match=r"static_step runs, but torch.compile cannot make it one graph: Failed to "
+                                           r"trace builtin operator .*`print`.* Keep it to tensor operations"):
+        generate(model, torch.tensor([1, 2]), 2, temperature=0)
+
+
 def test_compile_needs_fuse():
     with pytest.raises(ValueError, match="compile=True compiles the fused step: it needs fuse=True"):
         prepare_for_decode(lm(), fuse=False, compile=True)

@@ -1,6 +1,6 @@
 # Generated from notebooks/16_fast_decode.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 9fd4f29d232918d8ff6a8a59f90798f3975478ba971e4dcf7bc0a9524951d69b
+# body-sha256: dafee07b27e14e13ae62cf85a896c27fd7ac92aec87227d2d924e4018d5f2d80
 
 import time
 import types
@@ -327,7 +327,9 @@ def _compiled_forward(model: nn.Module, token_ids: Tensor, token_positions: Tens
         failure = error  # or code that is not one graph. Run as written once, the step raises its own error if any
     if failure is not None:
         static_step(model, token_ids[0], position, keys, values)
-        raise failure
+        reason = " ".join(line.strip() for line in str(failure).splitlines()[:2])
+        raise RuntimeError(f"static_step runs, but torch.compile cannot make it one graph: {reason} Keep it to tensor "
+                           "operations: no print, no Python branch on a tensor's value") from failure
     for layer_cache in cache:
         layer_cache.length += 1
     return logits.unsqueeze(0)  # (1, 1, vocab), as the model's forward
