@@ -425,7 +425,7 @@ def test_a_step_that_is_not_one_graph_says_so(monkeypatch):
         return written(model, token, position, keys, values)
 
     monkeypatch.setattr(fast_decode, "static_step", chatty_step)
-    monkeypatch.setattr(fast_decode, "_compiled_step", None)  # compiled anew, from the step above
+    monkeypatch.setattr(fast_decode, "_compiled_steps", {})  # compiled anew, from the step above
     model = prepare_for_decode(lm(), compile=True)
     with pytest.raises(RuntimeError, match=r"static_step runs, but torch.compile cannot make it one graph: Failed to "
                                            r"trace builtin operator .*`print`.* Keep it to tensor operations"):
@@ -435,3 +435,57 @@ def test_a_step_that_is_not_one_graph_says_so(monkeypatch):
 def test_compile_needs_fuse():
     with pytest.raises(ValueError, match="compile=True compiles the fused step: it needs fuse=True"):
         prepare_for_decode(lm(), fuse=False, compile=True)
+
+
+# --- compile=True with int8: inductor's C++ int8 kernel on bfloat16 inputs ----------------------------------------
+
+def wide_lm(seed):
+    """Widths that are multiples of 16 (d_model 64, d_ff 128), so that the int8 kernel serves every product."""
+    torch.manual_seed(seed)
+    return TransformerLM(61, 32, 64, 2, 4, 128, THETA, num_kv_heads=2)
+
+
+def test_the_compiled_int8_product_rounds_its_input_to_bfloat16(monkeypatch):
+    """_int8_compiled_product, the forward prepare_for_decode(int8=True, compile=True) sets on each Int8Linear: inside a
+    compilation (is_compiling patched to True here), the kernel on x rounded to bfloat16 and the bfloat16 scales,
+    written out by hand in float64 here, the result in x's dtype, and a difference 1.0 - 1.003 that the rounding makes
+    exactly 0; outside one, or for more than KERNEL_ROWS vectors, the class's forward, unchanged (-0.003). The state
+    dict keeps its two buffers; the bfloat16 scales are not saved."""
+    model = prepare_for_decode(wide_lm(1), int8=True, compile=True)
+    layer = model.layers[0].ffn.w13
+    assert isinstance(layer, Int8Linear) and "forward" in vars(layer)
+    assert set(layer.state_dict()) == {"weight", "scale"} and layer.scale_bfloat16.dtype == torch.bfloat16
+    x = randn(3, 64, seed=4)
+    torch.testing.assert_close(layer(x), Int8Linear.forward(layer, x), rtol=0, atol=0)  # not compiling
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    rounded = x.to(torch.bfloat16).double() @ layer.weight.double().T * layer.scale.to(torch.bfloat16).double()
+    out = layer(x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), rounded, rtol=1e-2, atol=1e-2)  # the kernel's bfloat16 result
+    assert (out.double() - x.double() @ (layer.weight.double() * layer.scale.double()[:, None]).T).abs().max() > 1e-4
+    many = randn(KERNEL_ROWS + 1, 64, seed=5)
+    torch.testing.assert_close(layer(many), Int8Linear.forward(layer, many), rtol=0, atol=0)
+    with torch.no_grad():  # every row x0 - x1: 1.0 - 1.003 in float32, 1.0 - 1.0 = 0 once x is rounded to bfloat16
+        layer.weight.zero_()
+        layer.weight[:, :2] = torch.tensor([127, -127], dtype=torch.int8)
+        layer.scale.fill_(1 / 127), layer.scale_bfloat16.fill_(1 / 127)
+    close = torch.zeros(1, 64)
+    close[0, :2] = torch.tensor([1.0, 1.003])
+    assert layer(close).abs().max() == 0
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    torch.testing.assert_close(layer(close), torch.full((1, 256), -0.003), rtol=1e-3, atol=1e-6)
+
+
+def test_compile_with_int8_gives_the_int8_models_tokens_for_each_model():
+    """prepare_for_decode(int8=True, compile=True) on two models of different weights, decoded in turn through the one
+    int8 step (the weights frozen into it): each gives the greedy ids of its own eager int8 model, so the frozen
+    weights of one never serve the other, and the two models' ids differ."""
+    import transformer_from_scratch.fast_decode as fast_decode
+
+    eager = [prepare_for_decode(wide_lm(seed), int8=True) for seed in (1, 2)]
+    compiled = [prepare_for_decode(wide_lm(seed), int8=True, compile=True) for seed in (1, 2)]
+    for prompt in ([1, 2, 3], [7, 8]):
+        ids = [generate(model, torch.tensor(prompt), 12, temperature=0).tolist() for model in eager]
+        assert ids[0] != ids[1]
+        assert [generate(model, torch.tensor(prompt), 12, temperature=0).tolist() for model in compiled] == ids
+    assert "int8" in fast_decode._compiled_steps  # the int8 step, with its options, not the float one

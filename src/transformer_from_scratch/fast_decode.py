@@ -1,6 +1,6 @@
 # Generated from notebooks/16_fast_decode.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: dafee07b27e14e13ae62cf85a896c27fd7ac92aec87227d2d924e4018d5f2d80
+# body-sha256: 292fbdffd90436fbf549c176250de022399e90b87fc054e49f89fcdf5c6dd7c6
 
 import time
 import types
@@ -300,7 +300,13 @@ def static_step(model: nn.Module, token: Int[Tensor, "1"], position: Int[Tensor,
     return model.lm_head(model.ln_final(x))[0]
 
 
-_compiled_step = None  # static_step under torch.compile, made at its first call; one for every model
+_compiled_steps = {}  # static_step under torch.compile, made at its first call, each for every model: "float", and
+# "int8" for an int8 model on the CPU, run with inductor's settings below: the weights frozen in as constants (under
+# no_grad, as in generate), a C++ template among the kernels it times (its int8 kernel; the timings not printed), and
+# no cache of compiled graphs, which in torch 2.13 handed a second model the first one's frozen weights (wrong logits)
+INT8_COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+                        "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False,
+                        "fx_graph_cache": False}
 
 
 def _compiled_forward(model: nn.Module, token_ids: Tensor, token_positions: Tensor | None = None, *,
@@ -309,20 +315,22 @@ def _compiled_forward(model: nn.Module, token_ids: Tensor, token_positions: Tens
     generate's steps call it, runs static_step compiled; the arguments are trusted, as inside generate. Every other
     call (a prompt, even of one id, whose ids the model's forward checks; a batch, no cache, given positions, a full
     cache, or checks on) runs the model's own forward."""
-    global _compiled_step
     own = type(model).forward
     if (cache is None or token_positions is not None or token_ids.shape != (1, 1) or checking()
             or not 0 < cache[0].length < cache[0].keys.shape[-2]):
         return own(model, token_ids, token_positions, cache=cache)
-    if _compiled_step is None:
-        _compiled_step = torch.compile(static_step, fullgraph=True)
+    int8 = token_ids.device.type == "cpu" and isinstance(getattr(model.layers[0].attn, "qkv", None), Int8Linear)
+    kind = "int8" if int8 else "float"
+    if kind not in _compiled_steps:
+        _compiled_steps[kind] = torch.compile(static_step, fullgraph=True)
     keys, values = [c.keys for c in cache], [c.values for c in cache]
     for buffer in keys + values:  # the length a symbol: one compilation for every length (dynamic=True would also
         torch._dynamo.mark_dynamic(buffer, 2)  # give a length equal to the number of heads their symbol, and recompile)
     position = torch.tensor([cache[0].length], device=token_ids.device)
     failure = None
     try:
-        logits = _compiled_step(model, token_ids[0], position, keys, values)
+        with torch._inductor.config.patch(INT8_COMPILE_OPTIONS if int8 else {}):  # read while compiling
+            logits = _compiled_steps[kind](model, token_ids[0], position, keys, values)
     except torch._dynamo.exc.Unsupported as error:  # found while tracing, before anything ran: a raise (a stub's)
         failure = error  # or code that is not one graph. Run as written once, the step raises its own error if any
     if failure is not None:
@@ -333,6 +341,20 @@ def _compiled_forward(model: nn.Module, token_ids: Tensor, token_positions: Tens
     for layer_cache in cache:
         layer_cache.length += 1
     return logits.unsqueeze(0)  # (1, 1, vocab), as the model's forward
+
+
+def _int8_compiled_product(self: nn.Module, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
+    """An Int8Linear's forward once prepare_for_decode(int8=True, compile=True) has set it on the instance. Inside the
+    compiled step, for a few float32 or bfloat16 vectors on the CPU: torch._weight_int8pack_mm of x rounded to
+    bfloat16 (the result back in x's dtype), which inductor, with INT8_COMPILE_OPTIONS, writes as a C++ kernel that
+    converts each int8 weight in registers; it writes that kernel for bfloat16 inputs only (float32 ones get a slow
+    reference loop). Everywhere else (eager, a prefill, another device or dtype): the class's own forward."""
+    if not (torch.compiler.is_compiling() and x.dtype in (torch.float32, torch.bfloat16) and x.ndim >= 2
+            and _has_int8_kernel(x) and x.shape[:-1].numel() <= KERNEL_ROWS):
+        return type(self).forward(self, x)
+    vectors = x.flatten(0, -2).to(torch.bfloat16)  # (n, d_in), n <= KERNEL_ROWS
+    product = torch._weight_int8pack_mm(vectors, self.weight, self.scale_bfloat16)  # (n, d_out) bfloat16
+    return product.to(x.dtype).unflatten(0, x.shape[:-1])
 
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3")  # a block's Linears, by name
@@ -410,7 +432,9 @@ def prepare_for_decode(model: nn.Module, *, fuse: bool = True, layout: str = "au
     threads: torch's CPU threads (torch.set_num_threads), None leaves them as they are. compile (exact, needs fuse): the
     model's forward runs generate's one-token steps through static_step under torch.compile (Step 7's fixed shapes, the
     cache's length a symbol: one compilation for every length), everything else as before; the first step compiles,
-    about a minute on 2 CPU cores. Calling it again changes nothing that is done already.
+    about a minute on 2 CPU cores. compile with int8 (on the CPU): the compiled step's int8 products take their inputs
+    rounded to bfloat16, for inductor's C++ int8 kernel (_int8_compiled_product), the weights frozen into it (a later
+    change of them in place does not reach it); a minute or two, in every process. A second call changes nothing done.
     """
     _check_prepare(model, fuse, layout, threads, compile)
     if threads is not None:
@@ -431,6 +455,10 @@ def prepare_for_decode(model: nn.Module, *, fuse: bool = True, layout: str = "au
                 model.token_embeddings.weight = head.weight
     if int8:
         _quantize_children(model)
+    for module in model.modules() if compile else ():  # the int8 products of a compiled step: on bfloat16 inputs
+        if isinstance(module, Int8Linear) and "forward" not in vars(module):
+            module.register_buffer("scale_bfloat16", module.scale.to(torch.bfloat16), persistent=False)
+            module.forward = types.MethodType(_int8_compiled_product, module)
     if compile and not isinstance(vars(model).get("forward"), types.MethodType):
         model.forward = types.MethodType(_compiled_forward, model)  # this model's own: a deepcopy gets its copy's
     return model
