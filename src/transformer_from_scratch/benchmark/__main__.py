@@ -721,11 +721,12 @@ def pretrained_report(rounds: int) -> str:
 
 FAST_DECODE = dict(new_tokens=64, decodes=2)
 FAST_DECODE_ROWS = [("hf", "float32"), ("plain", "float32"), ("fused", "float32"), ("compiled", "float32"),
-                    ("int8", "float32"), ("plain", "bfloat16"), ("fused", "bfloat16"), ("llama.cpp", "gguf")]
+                    ("int8", "float32"), ("int8-compiled", "float32"), ("plain", "bfloat16"), ("fused", "bfloat16"), ("llama.cpp", "gguf")]
 FAST_DECODE_LABELS = {"hf": "HF transformers `model.generate`", "plain": "ours, `generate` (plain)",
                       "fused": "ours, `prepare_for_decode` (fuse: what `make chat` ships)",
                       "compiled": "ours, prepared, compiled (`compile=True`)",
                       "int8": "ours, `prepare_for_decode(int8=True)`",
+                      "int8-compiled": "ours, int8, compiled (`int8=True, compile=True`)",
                       "llama.cpp": "llama.cpp (llama-cpp-python, the GGUF's own Q4_1/Q8_0 blocks)"}
 LLAMA_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 LLAMA_INSTALL = (f'CMAKE_ARGS="{LLAMA_CMAKE_ARGS}" .venv/bin/pip install --no-binary llama-cpp-python -e '
@@ -773,7 +774,8 @@ def measure_fast_decode(row: str, dtype_name: str) -> dict:
     ("hf": transformers' model.generate, its EOS switched off; "plain", "fused", "int8": our generate on the model
     of load_gguf, as loaded, after prepare_for_decode, after prepare_for_decode(int8=True), shape checks off as make
     chat runs; "compiled": our generate after prepare_for_decode(compile=True), as make chat --compile (on the
-    inductor cache of TORCHINDUCTOR_CACHE_DIR, which the report sets); "llama.cpp":
+    inductor cache of TORCHINDUCTOR_CACHE_DIR, which the report sets); "int8-compiled": after
+    prepare_for_decode(int8=True, compile=True), as make chat --int8 --compile (which caches no graph); "llama.cpp":
     llama-cpp-python on the GGUF file, `dtype_name` "gguf"), one decode to warm up (its seconds: compile_s), then the
     best of FAST_DECODE["decodes"]: tokens/s of the whole call (the prompt's forward included), the seconds to the
     first new token, the steps/s after it, the ids, and the bytes one step reads."""
@@ -822,7 +824,7 @@ def measure_fast_decode(row: str, dtype_name: str) -> dict:
 
         model, _ = load_gguf(path, dtype=getattr(torch, dtype_name))
         if row != "plain":
-            prepare_for_decode(model, int8=row == "int8", compile=row == "compiled")
+            prepare_for_decode(model, int8=row.startswith("int8"), compile=row.endswith("compiled"))
         tfs.set_shape_checks(False)  # as make chat decodes
         nbytes = decode_bytes(model, len(prompt_ids) + new // 2)  # at the mean cache length of the steps
         version = torch.__version__
@@ -849,7 +851,8 @@ def measure_fast_decode(row: str, dtype_name: str) -> dict:
 
 def fast_decode_report(rounds: int, compile_rows: bool = True) -> str:
     """The decode section: SmolLM2's greedy decode, ours (plain, prepared, compiled unless compile_rows is False,
-    int8) against transformers and llama.cpp, with the bandwidth each reaches."""
+    int8, int8 compiled unless compile_rows is False) against transformers and llama.cpp, with the bandwidth each
+    reaches."""
     import importlib.util
 
     try:
@@ -861,7 +864,7 @@ def fast_decode_report(rounds: int, compile_rows: bool = True) -> str:
         return f"**Decode** (SmolLM2-135M-Instruct): not measured ({error}).\n"
     llama = importlib.util.find_spec("llama_cpp") is not None
     rows = [(row, dtype) for row, dtype in FAST_DECODE_ROWS
-            if (llama or row != "llama.cpp") and (compile_rows or row != "compiled")]
+            if (llama or row != "llama.cpp") and (compile_rows or not row.endswith("compiled"))]
     copies, best = [], {}
     compiles = []  # the compiled row's compile seconds, process by process, all on one inductor cache
     with tempfile.TemporaryDirectory(prefix="inductor-") as inductor_cache:
@@ -872,7 +875,7 @@ def fast_decode_report(rounds: int, compile_rows: bool = True) -> str:
                 # the compiled row: an empty cache first (a first run's compile), then the one it left (a later run's)
                 for _ in range(2 if row == "compiled" and round_ == 0 else 1):
                     result = _run_child("fast_decode", row, dtype,
-                                        {"TORCHINDUCTOR_CACHE_DIR": inductor_cache} if row == "compiled" else {})
+                                        {"TORCHINDUCTOR_CACHE_DIR": inductor_cache} if "compiled" in row else {})
                     compiles += [result["compile_s"]] if row == "compiled" else []
                     old = best.setdefault((row, dtype), result)
                     for key, better in (("tokens_per_s", max), ("steps_per_s", max), ("first_token_s", min)):
@@ -894,7 +897,9 @@ def fast_decode_report(rounds: int, compile_rows: bool = True) -> str:
              + ("after `prepare_for_decode(compile=True)` (`make chat --compile`: each step through `static_step`, "
                 "a static-shape step under `torch.compile`; its compile time below the table), " if compile_rows
                 else "") +
-             f"and after `prepare_for_decode(int8=True)`; "
+             "and after `prepare_for_decode(int8=True)`" + (", eager and compiled (`make chat --int8 --compile`: "
+                                                             "inductor's C++ int8 kernel, on inputs rounded to "
+                                                             "bfloat16)" if compile_rows else "") + "; "
              f"Hugging Face's `model.generate(..., do_sample=False)` with its EOS switched off (so the {new} greedy "
              f"ids are its argmaxes)" + ("; llama.cpp on the GGUF file itself (its Q4_1 matrices and Q8_0 "
                                          "embedding, never dequantized), the same ids in, argmax of its logits out"
@@ -934,8 +939,13 @@ def fast_decode_report(rounds: int, compile_rows: bool = True) -> str:
                   f"prepared model's ({compiled['steps_per_s']:.1f} against {fused['steps_per_s']:.1f} steps/s)" +
                   (f", so compiling pays for itself after about {pays[0]:,.0f} tokens, {pays[1]:,.0f} with the "
                    "cache." if saved > 0 else ": it does not pay.")]
+        int8_compiled = best[("int8-compiled", "float32")]
+        lines += ["", f"The int8 step compiled in {int8_compiled['compile_s']:.0f} s (inductor's C++ int8 kernel, "
+                  f"chosen by timing, the weights frozen in; no graph cached, so every run pays it); its steps run at "
+                  f"{int8_compiled['steps_per_s'] / int8['steps_per_s']:.2f}× the eager int8 model's."]
     if llama:
-        ratio = fused["tokens_per_s"] / best[("llama.cpp", "gguf")]["tokens_per_s"]
+        llama_rate = best[("llama.cpp", "gguf")]["tokens_per_s"]
+        ratio = fused["tokens_per_s"] / llama_rate
         versus_llama = f"{_verdict(ratio, 0.5)} ({ratio:.2f}× llama.cpp's tokens/s)"
     else:
         versus_llama = "not measured"
@@ -956,6 +966,11 @@ def fast_decode_report(rounds: int, compile_rows: bool = True) -> str:
         lines += [f"- `prepare_for_decode(compile=True)` (`make chat --compile`) ≥ 1.5× HF: {_verdict(ratio, 1.5)} "
                   f"({ratio:.2f}×); at ≥ 50 % of the copy bandwidth: {_verdict(compiled_share, 0.5)} "
                   f"({compiled_share:.0%})"]
+        ratio = int8_compiled["tokens_per_s"] / hf["tokens_per_s"]
+        lines += [f"- `prepare_for_decode(int8=True, compile=True)` (`make chat --int8 --compile`) ≥ 2× HF: "
+                  f"{_verdict(ratio, 2.0)} ({ratio:.2f}×)" + (
+                      f"; within 2× of llama.cpp: {_verdict(int8_compiled['tokens_per_s'] / llama_rate, 0.5)} "
+                      f"({int8_compiled['tokens_per_s'] / llama_rate:.2f}×)" if llama else "")]
     return "\n".join(lines) + "\n"
 
 
