@@ -721,7 +721,8 @@ def pretrained_report(rounds: int) -> str:
 
 FAST_DECODE = dict(new_tokens=64, decodes=2)
 FAST_DECODE_ROWS = [("hf", "float32"), ("plain", "float32"), ("fused", "float32"), ("compiled", "float32"),
-                    ("int8", "float32"), ("int8-compiled", "float32"), ("plain", "bfloat16"), ("fused", "bfloat16"), ("llama.cpp", "gguf")]
+                    ("int8", "float32"), ("int8-compiled", "float32"), ("plain", "bfloat16"), ("fused", "bfloat16"),
+                    ("llama.cpp", "gguf")]
 FAST_DECODE_LABELS = {"hf": "HF transformers `model.generate`", "plain": "ours, `generate` (plain)",
                       "fused": "ours, `prepare_for_decode` (fuse: what `make chat` ships)",
                       "compiled": "ours, prepared, compiled (`compile=True`)",
