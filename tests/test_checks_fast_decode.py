@@ -183,8 +183,32 @@ class NotContiguous(Int8Linear):
 class ScalesNotCast(Int8Linear):
     def forward(self, x):
         if _has_int8_kernel(x) and x.numel() <= KERNEL_ROWS * x.shape[-1]:
+            rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+            out = torch._weight_int8pack_mm(rows, self.weight, self.scale)
+            return out.to(x.dtype).reshape(*x.shape[:-1], -1)
+        return super().forward(x)
+
+
+class Float32Rows(Int8Linear):
+    def forward(self, x):  # the kernel on x's own dtype: right to float32's precision, on the kernel's slow path
+        if _has_int8_kernel(x) and x.numel() <= KERNEL_ROWS * x.shape[-1]:
             rows = x.reshape(-1, x.shape[-1])
-            return torch._weight_int8pack_mm(rows, self.weight, self.scale).reshape(*x.shape[:-1], -1)
+            out = torch._weight_int8pack_mm(rows, self.weight, self.scale.to(x.dtype))
+            return out.reshape(*x.shape[:-1], -1)
+        return super().forward(x)
+
+
+class StepSixOnly(Int8Linear):
+    def forward(self, x):
+        return int8_matmul(x, self.weight, self.scale)
+
+
+class Bfloat16Out(Int8Linear):
+    def forward(self, x):  # the kernel's bfloat16 result not brought back to x's dtype
+        if _has_int8_kernel(x) and x.numel() <= KERNEL_ROWS * x.shape[-1]:
+            rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+            out = torch._weight_int8pack_mm(rows, self.weight, self.scale.to(torch.bfloat16))
+            return out.reshape(*x.shape[:-1], -1)
         return super().forward(x)
 
 
@@ -205,7 +229,10 @@ INT8_MUTANTS = {
     "the float weight's product": (FloatProduct, "computes with the float weight"),
     "no float64 fallback": (NoFallback, "crashes on a float64 input"),
     "q not contiguous": (NotContiguous, "q is not contiguous"),
-    "scales not cast": (ScalesNotCast, "the kernel gets float32 scales for a bfloat16 input"),
+    "scales not cast": (ScalesNotCast, "the kernel's scales are not in its rows' dtype"),
+    "float32 rows": (Float32Rows, "the kernel did not get it rounded to bfloat16"),
+    "Step 6 only": (StepSixOnly, "the kernel did not get it rounded to bfloat16"),
+    "bfloat16 out": (Bfloat16Out, "returned torch.bfloat16 for a torch.float32 input"),
     "float32 out": (Float32Out, "returned torch.float32 for a torch.float64 input"),
 }
 
@@ -518,7 +545,8 @@ def test_a_written_out_static_step_passes(capsys):
 
 
 CATALOGUES = [
-    Catalogue(check_int8_linear, list(INT8_MUTANTS.values()), right=Int8Linear, ids=list(INT8_MUTANTS)),
+    Catalogue(check_int8_linear, list(INT8_MUTANTS.values()), right=Int8Linear, ids=list(INT8_MUTANTS),
+              shared=frozenset({"the kernel did not get it rounded to bfloat16"})),  # float32 rows, or no kernel
     Catalogue(check_fused_swiglu, list(SWIGLU_MUTANTS.values()), right=FusedSwiGLU, ids=list(SWIGLU_MUTANTS)),
     Catalogue(check_fused_self_attention, list(ATTENTION_MUTANTS.values()), right=FusedSelfAttention,
               ids=list(ATTENTION_MUTANTS)),

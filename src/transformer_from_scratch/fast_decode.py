@@ -1,6 +1,6 @@
 # Generated from notebooks/16_fast_decode.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 292fbdffd90436fbf549c176250de022399e90b87fc054e49f89fcdf5c6dd7c6
+# body-sha256: 2e3cf64fd491a6258eed11df2ff32d72860e7aba5cc1b08f4c7832a3e5fbf46d
 
 import time
 import types
@@ -161,9 +161,10 @@ KERNEL_ROWS = 8  # Int8Linear's kernel for up to this many vectors (decoding); m
 
 
 def _has_int8_kernel(x: Tensor) -> bool:
-    """PyTorch's int8 weight-only matmul (the one gpt-fast uses) exists for this input: on the CPU, for float32,
-    bfloat16 and float16 (not float64, not CUDA in torch 2.13), and d_in a multiple of 16: torch 2.13's kernel crashed
-    the process on bfloat16 rows of 6 on an AMD EPYC, and of 8, 24, 40 or 56 on an Intel Xeon with AVX-512 and AMX."""
+    """PyTorch's int8 weight-only matmul (the one gpt-fast uses) serves this input: on the CPU, x float32, bfloat16 or
+    float16 (not float64, not CUDA in torch 2.13), and d_in a multiple of 16: torch 2.13's kernel crashed the process
+    on bfloat16 rows of 6 on an AMD EPYC, and of 8, 24, 40 or 56 on an Intel Xeon with AVX-512 and AMX (and gave NaN
+    for rows of 8 there in a later run)."""
     return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and x.shape[-1] % 16 == 0)
 
@@ -171,8 +172,10 @@ def _has_int8_kernel(x: Tensor) -> bool:
 class Int8Linear(nn.Module):
     """A Linear for decoding whose weight is kept in int8, one float32 scale per output row (Step 5): y ≈ x Wᵀ with a
     quarter of float32's bytes to read. Buffers `weight` (d_out, d_in) int8 and `scale` (d_out,) float32. The
-    product: PyTorch's int8 weight-only kernel where it exists (the CPU, float32/bfloat16/float16) for up to KERNEL_ROWS
-    vectors, else Step 6 (for a prefill, a float copy of the matrix costs less than the kernel on many rows)."""
+    product: PyTorch's int8 weight-only kernel where it serves x (the CPU, float32/bfloat16/float16) for up to
+    KERNEL_ROWS vectors, on x and the scales rounded to bfloat16 (its fast path: float32 rows took 8 to 10 times as
+    long on the course's Intel Xeon, float16 ones 24 times), the result back in x's dtype; else Step 6 (for a
+    prefill, a float copy of the matrix costs less than the kernel on many rows)."""
 
     def __init__(self, weight: Float[Tensor, "d_out d_in"]) -> None:
         super().__init__()
@@ -182,12 +185,12 @@ class Int8Linear(nn.Module):
 
     @shape_checked
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
-        """(..., d_in) -> (..., d_out), x's dtype."""
+        """(..., d_in) -> (..., d_out), x's dtype (through the kernel, to bfloat16's precision)."""
         _check_last("Int8Linear", x, self.weight.shape[1])
         if _has_int8_kernel(x) and x.numel() <= KERNEL_ROWS * x.shape[-1]:  # decoding: a few vectors
-            rows = x.reshape(-1, x.shape[-1])
-            out = torch._weight_int8pack_mm(rows, self.weight, self.scale.to(x.dtype))
-            return out.reshape(*x.shape[:-1], out.shape[-1])
+            rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)  # the kernel's fast path: bfloat16 rows
+            out = torch._weight_int8pack_mm(rows, self.weight, self.scale.to(torch.bfloat16))  # (n, d_out) bfloat16
+            return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
         return int8_matmul(x, self.weight, self.scale)
 
     def extra_repr(self) -> str:
@@ -302,8 +305,9 @@ def static_step(model: nn.Module, token: Int[Tensor, "1"], position: Int[Tensor,
 
 _compiled_steps = {}  # static_step under torch.compile, made at its first call, each for every model: "float", and
 # "int8" for an int8 model on the CPU, run with inductor's settings below: the weights frozen in as constants (under
-# no_grad, as in generate), a C++ template among the kernels it times (its int8 kernel; the timings not printed), and
-# no cache of compiled graphs, which in torch 2.13 handed a second model the first one's frozen weights (wrong logits)
+# no_grad, as in generate), a C++ template among the kernels it times (an int8 kernel that converts each weight in
+# registers, for bfloat16 rows; the timings not printed), and no cache of compiled graphs, which in torch 2.13 handed a
+# second model the first one's frozen weights (wrong logits)
 INT8_COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                         "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False,
                         "fx_graph_cache": False}
@@ -341,20 +345,6 @@ def _compiled_forward(model: nn.Module, token_ids: Tensor, token_positions: Tens
     for layer_cache in cache:
         layer_cache.length += 1
     return logits.unsqueeze(0)  # (1, 1, vocab), as the model's forward
-
-
-def _int8_compiled_product(self: nn.Module, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
-    """An Int8Linear's forward once prepare_for_decode(int8=True, compile=True) has set it on the instance. Inside the
-    compiled step, for a few float32 or bfloat16 vectors on the CPU: torch._weight_int8pack_mm of x rounded to
-    bfloat16 (the result back in x's dtype), which inductor, with INT8_COMPILE_OPTIONS, writes as a C++ kernel that
-    converts each int8 weight in registers; it writes that kernel for bfloat16 inputs only (float32 ones get a slow
-    reference loop). Everywhere else (eager, a prefill, another device or dtype): the class's own forward."""
-    if not (torch.compiler.is_compiling() and x.dtype in (torch.float32, torch.bfloat16) and x.ndim >= 2
-            and _has_int8_kernel(x) and x.shape[:-1].numel() <= KERNEL_ROWS):
-        return type(self).forward(self, x)
-    vectors = x.flatten(0, -2).to(torch.bfloat16)  # (n, d_in), n <= KERNEL_ROWS
-    product = torch._weight_int8pack_mm(vectors, self.weight, self.scale_bfloat16)  # (n, d_out) bfloat16
-    return product.to(x.dtype).unflatten(0, x.shape[:-1])
 
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3")  # a block's Linears, by name
@@ -432,9 +422,9 @@ def prepare_for_decode(model: nn.Module, *, fuse: bool = True, layout: str = "au
     threads: torch's CPU threads (torch.set_num_threads), None leaves them as they are. compile (exact, needs fuse): the
     model's forward runs generate's one-token steps through static_step under torch.compile (Step 7's fixed shapes, the
     cache's length a symbol: one compilation for every length), everything else as before; the first step compiles,
-    about a minute on 2 CPU cores. compile with int8 (on the CPU): the compiled step's int8 products take their inputs
-    rounded to bfloat16, for inductor's C++ int8 kernel (_int8_compiled_product), the weights frozen into it (a later
-    change of them in place does not reach it); a minute or two, in every process. A second call changes nothing done.
+    about a minute on 2 CPU cores. compile with int8 (on the CPU): the step compiles with INT8_COMPILE_OPTIONS, so that
+    inductor writes its own C++ kernel for Int8Linear's bfloat16 products, the weights frozen into it (a later change
+    of them in place does not reach it); a minute or two, in every process. A second call changes nothing done.
     """
     _check_prepare(model, fuse, layout, threads, compile)
     if threads is not None:
@@ -455,10 +445,6 @@ def prepare_for_decode(model: nn.Module, *, fuse: bool = True, layout: str = "au
                 model.token_embeddings.weight = head.weight
     if int8:
         _quantize_children(model)
-    for module in model.modules() if compile else ():  # the int8 products of a compiled step: on bfloat16 inputs
-        if isinstance(module, Int8Linear) and "forward" not in vars(module):
-            module.register_buffer("scale_bfloat16", module.scale.to(torch.bfloat16), persistent=False)
-            module.forward = types.MethodType(_int8_compiled_product, module)
     if compile and not isinstance(vars(model).get("forward"), types.MethodType):
         model.forward = types.MethodType(_compiled_forward, model)  # this model's own: a deepcopy gets its copy's
     return model

@@ -898,9 +898,9 @@ def fast_decode_report(rounds: int, compile_rows: bool = True) -> str:
              + ("after `prepare_for_decode(compile=True)` (`make chat --compile`: each step through `static_step`, "
                 "a static-shape step under `torch.compile`; its compile time below the table), " if compile_rows
                 else "") +
-             "and after `prepare_for_decode(int8=True)`" + (", eager and compiled (`make chat --int8 --compile`: "
-                                                             "inductor's C++ int8 kernel, on inputs rounded to "
-                                                             "bfloat16)" if compile_rows else "") + "; "
+             "and after `prepare_for_decode(int8=True)` (PyTorch's int8 kernel on inputs rounded to bfloat16)"
+             + (", eager and compiled (`make chat --int8 --compile`: inductor's own C++ int8 kernel)" if compile_rows
+                else "") + "; "
              f"Hugging Face's `model.generate(..., do_sample=False)` with its EOS switched off (so the {new} greedy "
              f"ids are its argmaxes)" + ("; llama.cpp on the GGUF file itself (its Q4_1 matrices and Q8_0 "
                                          "embedding, never dequantized), the same ids in, argmax of its logits out"

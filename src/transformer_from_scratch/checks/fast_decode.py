@@ -151,11 +151,11 @@ def _int8_forward(layer: nn.Module, x: Tensor, q: Tensor, scale: Tensor, weight:
                 f"{_INT8} crashes on a float64 input: {what} raised {type(error).__name__} ({first_line(error)}): "
                 "PyTorch's int8 kernel exists only on the CPU for float32, bfloat16 and float16: elsewhere fall back "
                 "to Step 6's int8_matmul(x, self.weight, self.scale).") from error
-        if x.dtype != torch.float32 and isinstance(error, RuntimeError) and "expected scalar type" in str(error):
+        if isinstance(error, RuntimeError) and "expected scalar type" in str(error):
             raise AssertionError(
-                f"the kernel gets float32 scales for a {dtype_name(x.dtype)} input: {what} raised "
-                f"{type(error).__name__} ({first_line(error)}): torch._weight_int8pack_mm takes the scales in the "
-                "input's dtype: self.scale.to(x.dtype) (the buffer itself stays float32).") from error
+                f"the kernel's scales are not in its rows' dtype: {what} raised {type(error).__name__} "
+                f"({first_line(error)}): torch._weight_int8pack_mm takes the scales in the rows' dtype: give it "
+                "x's rows and self.scale both in bfloat16 (the buffer itself stays float32).") from error
         if isinstance(error, RuntimeError) and "contiguous" in str(error):
             raise AssertionError(
                 f"q is not contiguous when the weight is column-major (a fused matrix, Step 2): {what} raised "
@@ -165,10 +165,10 @@ def _int8_forward(layer: nn.Module, x: Tensor, q: Tensor, scale: Tensor, weight:
     out = expect_tensor(what, out, expected.shape, "(..., d_in) -> (..., d_out)", returns="return the product, a "
                         "tensor")
     if out.dtype != x.dtype:
-        fail(f"{what} returned {out.dtype} for a {x.dtype} input", "return x's dtype: the kernel and Step 6 both "
-             "compute in it")
-    tolerance = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=1e-4, atol=1e-4),
-                 torch.bfloat16: dict(rtol=3e-2, atol=5e-2)}[x.dtype]
+        fail(f"{what} returned {out.dtype} for a {x.dtype} input", "return x's dtype: bring the kernel's bfloat16 "
+             "result back with .to(x.dtype) (Step 6 computes in x's dtype)")
+    exact = dict(rtol=1e-10, atol=1e-10)  # float64: Step 6; float32 and bfloat16: the kernel's bfloat16 roundings
+    tolerance = exact if x.dtype == torch.float64 else dict(rtol=3e-2, atol=5e-2)
     diagnose(what, out, expected, [
         (lambda: (xd @ q.double().T).to(x.dtype), "the scale is forgotten in the forward: it returns x @ qᵀ",
          "multiply output i by scale[i] (the kernel takes the scale; Step 6 applies it)"),
@@ -178,22 +178,45 @@ def _int8_forward(layer: nn.Module, x: Tensor, q: Tensor, scale: Tensor, weight:
         **tolerance)
 
 
+def _int8_rounding(impl: type, gen: torch.Generator) -> None:
+    """The kernel gets bfloat16 rows: a row [1, -1, 0, ...] times x = [1.0, 1.003, 0, ...] is 0 once x is rounded to
+    bfloat16 (1.003 becomes 1.0), -0.003 in float32."""
+    weight = torch.zeros(2, _D_IN)
+    weight[0, :2] = torch.tensor([1.0, -1.0])
+    weight[1] = torch.randn(_D_IN, generator=gen)
+    what = f"{_INT8}(a weight whose row 0 is [1, -1, 0, ...])"
+    layer = call(what, impl, weight)
+    x = torch.zeros(1, _D_IN)
+    x[0, :2] = torch.tensor([1.0, 1.003])
+    with torch.no_grad():
+        out = call(f"{what}(x = [1.0, 1.003, 0, ...], float32)", layer, x)
+    out = expect_tensor(f"{what}(x of shape (1, {_D_IN}))", out, (1, 2), "(..., d_in) -> (..., d_out)")
+    if abs(out[0, 0].item()) > 1e-4:
+        fail(f"{what}(x = [1.0, 1.003, 0, ...], float32) gives {out[0, 0].item():.4f} in output 0, float32's 1.0 - "
+             "1.003: the kernel did not get it rounded to bfloat16 (1.003 rounds to 1.0, and the output to 0)",
+             "the kernel's fast path takes bfloat16 rows (float32 ones took 8 to 10 times as long on the course's "
+             "Intel Xeon): x's rows and the scales .to(torch.bfloat16) for it, the result .to(x.dtype); Step 6 only "
+             "where the kernel does not serve x")
+
+
 def check_int8_linear(impl: type) -> None:
     """Check the learner's ``Int8Linear(weight)``; print one line if it is right, else raise ``AssertionError``.
 
     Checked, from a (5, 16) float32 weight whose rows differ in size: the weight given unchanged; no Parameter, the
     buffers ``weight`` (int8, (d_out, d_in)) and ``scale`` (float32, (d_out,)) equal to the quantization per output
     row written out here, and nothing else in the state dict; outputs close to x (q · scale)ᵀ for float32 (the int8
-    kernel for a few vectors; 20 vectors, a prefill, may take Step 6), equal to it for float64 (no kernel: Step 6) and
-    close for bfloat16, with leading shapes (2, 3), (4, 5) and (4,) or (3,);
-    an Int8Linear of a column-major weight (a fused matrix) works too.
+    kernel for a few vectors, to bfloat16's precision; 20 vectors, a prefill, may take Step 6), equal to it for float64
+    (no kernel: Step 6) and close for bfloat16, with leading shapes (2, 3), (4, 5) and (4,) or (3,); one float32 vector
+    rounded to bfloat16 for the kernel (a row [1, -1, 0, ...] gives 0 for [1.0, 1.003, 0, ...]); an Int8Linear of a
+    column-major weight (a fused matrix) works too.
 
     Mistakes it recognises (by name, in the first line of the error): the float weight kept (a float Parameter);
     int8 stored as a Parameter, not a buffer; the weight not int8, or stored transposed; the scale not float32 or not
     (d_out,); non-persistent buffers (missing from the state dict); one scale for the whole matrix; the scale forgotten
     in the forward; the product computed with the float weight; a crash on float64 input (the kernel has no float64:
-    no fallback to Step 6); float32 scales given to the kernel for a bfloat16 input (its crash); q not
-    contiguous for a column-major weight (the kernel's crash); another output dtype.
+    no fallback to Step 6); float32 scales given to the kernel with bfloat16 rows (its crash); float32 rows given to
+    the kernel (its slow path), or Step 6 where the kernel serves; q not contiguous for a column-major weight (the
+    kernel's crash); another output dtype (the kernel's bfloat16 not converted back).
     """
     refuse_instance(impl, "check_int8_linear")
     check_signature(impl, ["weight"], _INT8)
@@ -215,8 +238,10 @@ def check_int8_linear(impl: type) -> None:
     layer = call(what, impl, column)
     x = torch.randn(2, _D_IN, generator=gen)
     _int8_forward(layer, x, q, scale, weight, f"{what}(x of shape {tuple(x.shape)}, float32)")
+    _int8_rounding(impl, gen)
     passed("check_int8_linear: int8 weight and float32 scale per output row as buffers, nothing float kept; "
-           "x (q · scale)ᵀ with the int8 kernel (float32, bfloat16) and Step 6 (float64); column-major weights too")
+           "x (q · scale)ᵀ with the int8 kernel on bfloat16 rows (float32, bfloat16 inputs) and Step 6 (float64); "
+           "column-major weights too")
 
 
 # ------------------------------------------------------------------------------------------------- FusedSwiGLU
