@@ -1,6 +1,6 @@
 # Generated from notebooks/16_fast_decode.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: 2e3cf64fd491a6258eed11df2ff32d72860e7aba5cc1b08f4c7832a3e5fbf46d
+# body-sha256: ad75968a43337c088d62036010a1efea98ade5382bb4f43bfe77c13bd17b7874
 
 import time
 import types
@@ -164,7 +164,7 @@ def _has_int8_kernel(x: Tensor) -> bool:
     """PyTorch's int8 weight-only matmul (the one gpt-fast uses) serves this input: on the CPU, x float32, bfloat16 or
     float16 (not float64, not CUDA in torch 2.13), and d_in a multiple of 16: torch 2.13's kernel crashed the process
     on bfloat16 rows of 6 on an AMD EPYC, and of 8, 24, 40 or 56 on an Intel Xeon with AVX-512 and AMX (and gave NaN
-    for rows of 8 there in a later run)."""
+    for rows of 8, 24 and 40 there in a later run)."""
     return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and x.shape[-1] % 16 == 0)
 
