@@ -50,7 +50,9 @@ allocator, a clean peak-memory reading, no compiled code left over from another 
   is importable; tokens/s (the prompt's forward included), × HF, the seconds to the first token, the bytes a step
   reads (ours: `fast_decode.decode_bytes` at the mean cache length; HF: its parameters' bytes; llama.cpp: the file's
   tensor bytes), the weight bandwidth that reaches over the steps after the first token, its share of the copy
-  bandwidth measured in the same run, and where the greedy tokens first differ from ours plain's.
+  bandwidth measured in the same run, and where the greedy tokens first differ from ours plain's. Below the table,
+  the eager steps' floor: the prepared float32 and int8 models' matrix products alone, in a step's order on one
+  vector each (nothing else of the step), and PyTorch's int8 kernel alone on bfloat16, float32 and float16 rows.
 * finetune (`--only finetune` for this part alone; needs `make weights`): one training step of `make finetune`
   (forward, backward, clipping, AdamW; its first batch: 16 questions of notebook 15's task) on SmolLM2-135M-Instruct
   in float32, ours (`apply_lora`, the course's AdamW) against transformers + peft (`get_peft_model`,
@@ -770,6 +772,47 @@ def _llama_decoder(path, prompt_ids: list[int], threads: int):
     return decode, sum(int(tensor.n_bytes) for tensor in gguf.GGUFReader(path).tensors)
 
 
+def _step_products_seconds(model, repeats: int = 5) -> float:
+    """The seconds a decode step of a prepared model spends in its matrix products alone: every product the step
+    makes (each block's q/k/v, output, w1/w3 and w2 modules, then lm_head), called in the step's order on one random
+    vector as the step calls it, the best of `repeats` runs after one. Each matrix comes from memory, as in a step (the
+    whole set is larger than a cache holds), and nothing else of the step runs: the eager step's floor."""
+    import torch
+
+    modules = [m for block in model.layers for m in (block.attn.qkv, block.attn.out, block.ffn.w13, block.ffn.down)]
+    modules.append(model.lm_head)
+    inputs = [torch.randn(1, 1, m.weight.shape[1]) for m in modules]
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            for module, x in zip(modules, inputs):
+                module(x)
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _int8_kernel_seconds(model, repeats: int = 5) -> dict[str, float]:
+    """PyTorch's int8 kernel alone (torch._weight_int8pack_mm) on an int8 model's matrices, in a step's order, one
+    vector each, for each dtype of its rows (the scales in it too): the best seconds of `repeats` runs after one, by
+    dtype name. What the kernel makes of bfloat16, float32 and float16 rows when every matrix comes from memory."""
+    import torch
+
+    modules = [m for block in model.layers for m in (block.attn.qkv, block.attn.out, block.ffn.w13, block.ffn.down)]
+    modules.append(model.lm_head)
+    seconds = {}
+    for dtype in (torch.bfloat16, torch.float32, torch.float16):
+        calls = [(torch.randn(1, m.weight.shape[1], dtype=dtype), m.weight, m.scale.to(dtype)) for m in modules]
+        best = float("inf")
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            for x, weight, scale in calls:
+                torch._weight_int8pack_mm(x, weight, scale)
+            best = min(best, time.perf_counter() - start)
+        seconds[str(dtype).removeprefix("torch.")] = best
+    return seconds
+
+
 def measure_fast_decode(row: str, dtype_name: str) -> dict:
     """One process: SmolLM2's greedy decode of FAST_DECODE["new_tokens"] ids after the ChatML prompt, by `row`
     ("hf": transformers' model.generate, its EOS switched off; "plain", "fused", "int8": our generate on the model
@@ -835,6 +878,9 @@ def measure_fast_decode(row: str, dtype_name: str) -> dict:
             ids = tfs.generate(model, prompt, n, temperature=0.0, on_token=lambda _: times.append(time.perf_counter()))
             return ids.tolist(), times
 
+    products_s = _step_products_seconds(model) if row in ("fused", "int8") and dtype_name == "float32" else None
+    kernel_s = _int8_kernel_seconds(model) if row == "int8" else None
+
     best = dict(tokens_per_s=0.0, steps_per_s=0.0, first_token_s=float("inf"))
     with torch.no_grad():
         start = time.perf_counter()
@@ -847,7 +893,8 @@ def measure_fast_decode(row: str, dtype_name: str) -> dict:
             best["tokens_per_s"] = max(best["tokens_per_s"], len(ids) / seconds)
             best["steps_per_s"] = max(best["steps_per_s"], (len(ids) - 1) / (times[-1] - times[0]))
             best["first_token_s"] = min(best["first_token_s"], times[0] - start)
-    return dict(best, ids=ids, bytes=nbytes, threads=threads, prompt_tokens=len(prompt_ids), version=version)
+    return dict(best, ids=ids, bytes=nbytes, threads=threads, prompt_tokens=len(prompt_ids), version=version,
+                products_s=products_s, kernel_s=kernel_s)
 
 
 def fast_decode_report(rounds: int, compile_rows: bool = True) -> str:
@@ -944,6 +991,20 @@ def fast_decode_report(rounds: int, compile_rows: bool = True) -> str:
         lines += ["", f"The int8 step compiled in {int8_compiled['compile_s']:.0f} s (inductor's C++ int8 kernel, "
                   f"chosen by timing, the weights frozen in; no graph cached, so every run pays it); its steps run at "
                   f"{int8_compiled['steps_per_s'] / int8['steps_per_s']:.2f}× the eager int8 model's."]
+    floors = []
+    for r, name in ((fused, "the prepared float32 model"), (int8, "the int8 one")):
+        ceiling = 1 / r["products_s"]
+        floors.append(f"{name}'s {r['products_s'] * 1e3:.1f} ms a token, a ceiling of {ceiling:.1f} tokens/s "
+                      f"({ceiling / hf['tokens_per_s']:.2f}× HF) that its step reaches at "
+                      f"{r['steps_per_s'] / ceiling:.0%}")
+    lines += ["", "The products alone (each matrix's module called on one vector, in a step's order, nothing else of "
+              "the step run; the eager step's floor): " + "; ".join(floors) + "."]
+    kernel = int8["kernel_s"]
+    lines += ["", f"PyTorch's int8 kernel alone (`torch._weight_int8pack_mm`, the same calls on the int8 model's "
+              f"matrices, without `Int8Linear`'s conversions) took {kernel['bfloat16'] * 1e3:.1f} ms a token on "
+              f"bfloat16 rows, {kernel['float32'] * 1e3:.1f} ms on float32 ones "
+              f"({kernel['float32'] / kernel['bfloat16']:.1f}× as long) and {kernel['float16'] * 1e3:.1f} ms on "
+              f"float16 ones ({kernel['float16'] / kernel['bfloat16']:.1f}×)."]
     if llama:
         llama_rate = best[("llama.cpp", "gguf")]["tokens_per_s"]
         ratio = fused["tokens_per_s"] / llama_rate
