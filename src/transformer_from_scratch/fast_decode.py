@@ -1,6 +1,6 @@
 # Generated from notebooks/16_fast_decode.ipynb by `make export`: edit the notebook, not this file.
 # A hand edit here is detected and the export stops to ask (see CONTRIBUTING.md).
-# body-sha256: ad75968a43337c088d62036010a1efea98ade5382bb4f43bfe77c13bd17b7874
+# body-sha256: ff4787a4a42c55506bda5a2f0d94185fc39863c52c02372c136f43e502e84705
 
 import time
 import types
@@ -173,9 +173,9 @@ class Int8Linear(nn.Module):
     """A Linear for decoding whose weight is kept in int8, one float32 scale per output row (Step 5): y ≈ x Wᵀ with a
     quarter of float32's bytes to read. Buffers `weight` (d_out, d_in) int8 and `scale` (d_out,) float32. The
     product: PyTorch's int8 weight-only kernel where it serves x (the CPU, float32/bfloat16/float16) for up to
-    KERNEL_ROWS vectors, on x and the scales rounded to bfloat16 (its fast path: float32 rows took 8 to 10 times as
-    long on the course's Intel Xeon, float16 ones 24 times), the result back in x's dtype; else Step 6 (for a
-    prefill, a float copy of the matrix costs less than the kernel on many rows)."""
+    KERNEL_ROWS vectors, on x and the scales rounded to bfloat16 (its fast path: float32 rows took about 4 times as
+    long in a decode step on the course's Intel Xeon, float16 ones longer still), the result back in x's dtype; else
+    Step 6 (for a prefill, a float copy of the matrix costs less than the kernel on many rows)."""
 
     def __init__(self, weight: Float[Tensor, "d_out d_in"]) -> None:
         super().__init__()

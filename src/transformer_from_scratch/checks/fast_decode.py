@@ -194,9 +194,9 @@ def _int8_rounding(impl: type, gen: torch.Generator) -> None:
     if abs(out[0, 0].item()) > 1e-4:
         fail(f"{what}(x = [1.0, 1.003, 0, ...], float32) gives {out[0, 0].item():.4f} in output 0, float32's 1.0 - "
              "1.003: the kernel did not get it rounded to bfloat16 (1.003 rounds to 1.0, and the output to 0)",
-             "the kernel's fast path takes bfloat16 rows (float32 ones took 8 to 10 times as long on the course's "
-             "Intel Xeon): x's rows and the scales .to(torch.bfloat16) for it, the result .to(x.dtype); Step 6 only "
-             "where the kernel does not serve x")
+             "the kernel's fast path takes bfloat16 rows (float32 ones took about 4 times as long in a decode step "
+             "on the course's Intel Xeon): x's rows and the scales .to(torch.bfloat16) for it, the result "
+             ".to(x.dtype); Step 6 only where the kernel does not serve x")
 
 
 def check_int8_linear(impl: type) -> None:
