@@ -772,24 +772,28 @@ def _llama_decoder(path, prompt_ids: list[int], threads: int):
     return decode, sum(int(tensor.n_bytes) for tensor in gguf.GGUFReader(path).tensors)
 
 
+def _step_matrices(model) -> list:
+    """A prepared model's matrix modules in the order a decode step calls them: each block's q/k/v, output, w1/w3
+    and w2, then lm_head."""
+    blocks = [(block.attn.qkv, block.attn.out, block.ffn.w13, block.ffn.down) for block in model.layers]
+    return [module for four in blocks for module in four] + [model.lm_head]
+
+
 def _step_products_seconds(model, repeats: int = 5) -> float:
     """The seconds a decode step of a prepared model spends in its matrix products alone: every product the step
-    makes (each block's q/k/v, output, w1/w3 and w2 modules, then lm_head), called in the step's order on one random
-    vector as the step calls it, the best of `repeats` runs after one. Each matrix comes from memory, as in a step (the
-    whole set is larger than a cache holds), and nothing else of the step runs: the eager step's floor."""
+    makes (_step_matrices), called in the step's order on one random vector as the step calls it, the best of
+    `repeats` runs after one. Each matrix comes from memory, as in a step (the whole set is larger than a cache
+    holds), and nothing else of the step runs: the eager step's floor."""
     import torch
 
-    modules = [m for block in model.layers for m in (block.attn.qkv, block.attn.out, block.ffn.w13, block.ffn.down)]
-    modules.append(model.lm_head)
-    inputs = [torch.randn(1, 1, m.weight.shape[1]) for m in modules]
-    best = float("inf")
+    calls = [(module, torch.randn(1, 1, module.weight.shape[1])) for module in _step_matrices(model)]
+
+    def products() -> None:
+        for module, x in calls:
+            module(x)
+
     with torch.no_grad():
-        for _ in range(repeats + 1):
-            start = time.perf_counter()
-            for module, x in zip(modules, inputs):
-                module(x)
-            best = min(best, time.perf_counter() - start)
-    return best
+        return min(_seconds(products) for _ in range(repeats + 1))
 
 
 def _int8_kernel_seconds(model, repeats: int = 5) -> dict[str, float]:
@@ -798,18 +802,16 @@ def _int8_kernel_seconds(model, repeats: int = 5) -> dict[str, float]:
     dtype name. What the kernel makes of bfloat16, float32 and float16 rows when every matrix comes from memory."""
     import torch
 
-    modules = [m for block in model.layers for m in (block.attn.qkv, block.attn.out, block.ffn.w13, block.ffn.down)]
-    modules.append(model.lm_head)
     seconds = {}
     for dtype in (torch.bfloat16, torch.float32, torch.float16):
-        calls = [(torch.randn(1, m.weight.shape[1], dtype=dtype), m.weight, m.scale.to(dtype)) for m in modules]
-        best = float("inf")
-        for _ in range(repeats + 1):
-            start = time.perf_counter()
+        calls = [(torch.randn(1, m.weight.shape[1], dtype=dtype), m.weight, m.scale.to(dtype))
+                 for m in _step_matrices(model)]
+
+        def products() -> None:
             for x, weight, scale in calls:
                 torch._weight_int8pack_mm(x, weight, scale)
-            best = min(best, time.perf_counter() - start)
-        seconds[str(dtype).removeprefix("torch.")] = best
+
+        seconds[str(dtype).removeprefix("torch.")] = min(_seconds(products) for _ in range(repeats + 1))
     return seconds
 
 
